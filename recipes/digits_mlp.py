@@ -1,0 +1,109 @@
+"""digits_mlp: an MLP on the UCI handwritten digits (8x8 images, 10 classes).
+
+The data ships inside scikit-learn (`sklearn.datasets.load_digits`, 1,797
+images), so nothing is downloaded. With `--data-dir DIR` the recipe reads
+TFRecord shards instead (`DIR/train-*.tfrecord`, `DIR/test-*.tfrecord`),
+which exercises FILE sharding; write them with:
+
+    python recipes/digits_mlp.py DIR [NUM_FILES]
+
+Launch:
+    python -m tfdist.train digits_mlp                                  # one machine
+    python -m tfdist.train digits_mlp --strategy mirrored --devices 2  # 2 replicas
+    python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
+"""
+
+import os
+import sys
+
+DEFAULTS = dict(
+    epochs=10,
+    global_batch_size=64,
+    learning_rate=0.1,
+    hidden_units=64,
+    data_dir="",       # read TFRecords from here instead of scikit-learn's copy
+    test_fraction=0.2,
+)
+
+NUM_FEATURES = 64
+NUM_CLASSES = 10
+
+
+def load_arrays(test_fraction=0.2, seed=0):
+    """Digits as float32 features in [0, 1] and int32 labels, split train/test."""
+    import numpy as np
+
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("digits_mlp needs scikit-learn for its bundled data: "
+                          "pip install 'tfdist[data]' (or scikit-learn).") from None
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")
+    y = digits.target.astype("int32")
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(len(x) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def build_model(cfg):
+    import keras
+
+    inputs = keras.Input(shape=(NUM_FEATURES,), name="pixels")
+    h = keras.layers.Dense(cfg["hidden_units"], activation="relu", name="hidden")(inputs)
+    outputs = keras.layers.Dense(NUM_CLASSES, name="logits")(h)
+    return keras.Model(inputs, outputs, name="digits_mlp")
+
+
+def compile_kwargs(cfg):
+    import keras
+
+    return dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+
+
+def _parse(record):
+    import tensorflow as tf
+
+    spec = {"x": tf.io.FixedLenFeature([NUM_FEATURES], tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.int64)}
+    ex = tf.io.parse_single_example(record, spec)
+    return ex["x"], tf.cast(ex["y"], tf.int32)
+
+
+def build_dataset(cfg, split):
+    import tensorflow as tf
+
+    from tfdist import data
+
+    if cfg["data_dir"]:
+        files = data.tfrecord_files(cfg["data_dir"], split)
+        ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+            tf.data.TFRecordDataset, cycle_length=1, deterministic=True).map(_parse)
+        return data.Source(dataset=ds, num_files=len(files))
+    train, test = load_arrays(cfg["test_fraction"])
+    return tf.data.Dataset.from_tensor_slices(train if split == "train" else test)
+
+
+def write_tfrecords(data_dir, num_files=4, test_fraction=0.2):
+    """Writes the digits as `num_files` TFRecord shards per split."""
+    import tensorflow as tf
+
+    os.makedirs(data_dir, exist_ok=True)
+    for split, (x, y) in zip(("train", "test"), load_arrays(test_fraction)):
+        for shard in range(num_files):
+            path = os.path.join(data_dir, f"{split}-{shard:05d}-of-{num_files:05d}.tfrecord")
+            with tf.io.TFRecordWriter(path) as writer:
+                for xi, yi in zip(x[shard::num_files], y[shard::num_files]):
+                    feature = {
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi)),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[yi]))}
+                    writer.write(tf.train.Example(
+                        features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python recipes/digits_mlp.py DATA_DIR [NUM_FILES]")
+    write_tfrecords(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 4)

@@ -1,0 +1,54 @@
+"""Shared fixtures: environment hygiene and real-process helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = os.path.join(REPO, "tests", "workers")
+
+
+# Variables that decide where a process thinks it is; a test that leaves one
+# changed would silently change what the tests after it detect.
+_WATCHED = ("TF_CONFIG", "SLURM_", "TFDIST_", "CUDA_VISIBLE_DEVICES", "HOROVOD_", "OMPI_")
+
+
+@pytest.fixture(autouse=True)
+def no_env_leaks():
+    """Fails any test that leaves a cluster-related environment variable changed."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = {k for k in before.keys() | after.keys()
+               if before.get(k) != after.get(k) and k.startswith(_WATCHED)}
+    for k in changed:
+        if k in before:
+            os.environ[k] = before[k]
+        else:
+            del os.environ[k]
+    assert not changed, f"test leaked environment variables: {sorted(changed)}"
+
+
+def clean_env(**extra) -> dict:
+    """os.environ without cluster variables, quiet TensorFlow, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLURM_") and k != "TF_CONFIG"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    env.update(extra)
+    return env
+
+
+def run_py(args: list[str], timeout: float = 240, env: dict | None = None,
+           cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Runs `python ARGS` in a subprocess and returns the completed process."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or clean_env(), cwd=cwd or REPO)
+
+
+def tail(proc: subprocess.CompletedProcess, n: int = 3000) -> str:
+    """The end of a process's output, for assertion messages."""
+    return f"rc={proc.returncode}\nSTDOUT:\n{proc.stdout[-n:]}\nSTDERR:\n{proc.stderr[-n:]}"

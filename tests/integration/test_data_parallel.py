@@ -1,0 +1,124 @@
+"""Real processes: mirrored and multi-worker training equal single-replica training.
+
+Every run trains digits_mlp for 2 epochs of plain SGD at global batch 64 with
+deterministic ops and the same seed; only the strategy differs. The weights,
+predictions and evaluation must agree with the single-replica run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import WORKERS, clean_env, run_py, tail
+
+pytestmark = pytest.mark.integration
+
+COMMON = ["digits_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
+          "--global-batch-size", "64", "--learning-rate", "0.1", "--verbose", "0",
+          "--threads", "1"]
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _train(tmp, name, extra, launch_n=0):
+    dump = os.path.join(tmp, name, "dump")
+    model_dir = os.path.join(tmp, name, "model")
+    worker = [os.path.join(WORKERS, "train_dump.py"), dump, *COMMON, "--model-dir", model_dir,
+              *extra]
+    args = (["-m", "tfdist.launch", "-n", str(launch_n), "--timeout", "200", "--", "python",
+             *worker] if launch_n else worker)
+    proc = run_py(args)
+    assert proc.returncode == 0, tail(proc)
+    dumps = [dict(np.load(os.path.join(dump, f))) for f in sorted(os.listdir(dump))]
+    return dumps, model_dir, proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("dp"))
+    return {
+        "single": _train(tmp, "single", ["--strategy", "single"]),
+        "mirrored": _train(tmp, "mirrored", ["--strategy", "mirrored", "--devices", "2"]),
+        "multi_worker": _train(tmp, "mw", ["--strategy", "multi_worker"], launch_n=2),
+    }
+
+
+def _weights(d):
+    return [d[k] for k in sorted((k for k in d if k.startswith("w")), key=lambda k: int(k[1:]))]
+
+
+def _assert_same_weights(a, b):
+    wa, wb = _weights(a), _weights(b)
+    assert len(wa) == len(wb) == 4
+    for x, y in zip(wa, wb):
+        np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL)
+
+
+def test_mirrored_two_devices_equals_single(runs):
+    (single,), _, _ = runs["single"]
+    (mirrored,), _, _ = runs["mirrored"]
+    assert int(single["num_replicas"]) == 1 and int(mirrored["num_replicas"]) == 2
+    _assert_same_weights(mirrored, single)
+
+
+def test_multi_worker_equals_single_and_workers_agree(runs):
+    (single,), _, _ = runs["single"]
+    workers, _, _ = runs["multi_worker"]
+    assert len(workers) == 2 and all(int(w["num_replicas"]) == 2 for w in workers)
+    _assert_same_weights(workers[0], workers[1])
+    _assert_same_weights(workers[0], single)
+    # Training actually moved the weights (the comparison is not of two inits).
+    init_sum = np.abs(_weights(single)[0]).sum()
+    assert np.isfinite(init_sum) and float(single["eval_accuracy"]) > 0.5
+
+
+def test_multi_worker_evaluate_and_predict_equal_single(runs):
+    (single,), _, _ = runs["single"]
+    workers, _, _ = runs["multi_worker"]
+    for w in workers:
+        np.testing.assert_allclose(w["eval_loss"], single["eval_loss"], rtol=1e-5)
+        np.testing.assert_allclose(w["eval_accuracy"], single["eval_accuracy"], rtol=1e-6)
+        assert w["predictions"].shape == single["predictions"].shape
+        np.testing.assert_allclose(w["predictions"], single["predictions"], rtol=1e-4, atol=1e-5)
+
+
+def test_only_chief_writes_model_dir(runs):
+    _, model_dir, proc = runs["multi_worker"]
+    assert sorted(os.listdir(model_dir)) == ["metrics.json", "model.keras"]
+    # The chief logs; worker 1 prints no tfdist lines.
+    assert "[worker 0] tfdist: recipe=digits_mlp strategy=multi_worker num_replicas=2" in proc.stdout
+    assert "[worker 1] tfdist:" not in proc.stdout
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["num_replicas"] == 2 and metrics["strategy"] == "multi_worker"
+    assert len(metrics["history"]["loss"]) == 2
+
+
+def test_readme_multi_worker_command_trains_digits(tmp_path):
+    model_dir = str(tmp_path / "D")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", "-m",
+                   "tfdist.train", "digits_mlp", "--strategy", "multi_worker", "--epochs", "2",
+                   "--seed", "0", "--model-dir", model_dir])
+    assert proc.returncode == 0, tail(proc)
+    assert sorted(os.listdir(model_dir)) == ["metrics.json", "model.keras"]
+    assert proc.stdout.count("wrote ") == 1 and "[worker 0] tfdist: test" in proc.stdout
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["num_replicas"] == 2 and metrics["global_batch_size"] == 64
+    assert metrics["test"]["accuracy"] > 0.5  # chance is 0.1
+    assert metrics["wall_time_s"] > 0 and metrics["examples_per_s"] > 0
+
+
+def test_tfrecord_files_use_file_sharding(tmp_path):
+    data_dir = str(tmp_path / "tfrecords")
+    proc = run_py(["recipes/digits_mlp.py", data_dir, "4"])
+    assert proc.returncode == 0, tail(proc)
+    model_dir = str(tmp_path / "m")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", "-m",
+                   "tfdist.train", "digits_mlp", "--data-dir", data_dir, "--epochs", "3",
+                   "--model-dir", model_dir, "--verbose", "0"])
+    assert proc.returncode == 0, tail(proc)
+    assert "input sharding: AutoShardPolicy.FILE" in proc.stdout
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["shard_policy"] == "FILE" and metrics["test"]["accuracy"] > 0.5

@@ -1,0 +1,89 @@
+"""Batch, shard and learning-rate arithmetic (pure), and the tf.data wrapper."""
+
+import math
+
+import numpy as np
+import pytest
+
+from tfdist import data
+from tfdist.errors import ConfigError
+
+
+def test_per_replica_batch_size():
+    assert data.per_replica_batch_size(64, 2) == 32
+    assert data.per_replica_batch_size(64, 1) == 64
+
+
+def test_indivisible_batch_says_what_to_use():
+    with pytest.raises(ConfigError, match=r"global_batch_size=100 is not divisible by "
+                                          r"num_replicas=3\. Use a multiple of 3, e\.g\. "
+                                          r"--global-batch-size 99 or 102"):
+        data.per_replica_batch_size(100, 3)
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        data.per_replica_batch_size(0, 2)
+
+
+def test_scale_learning_rate():
+    assert data.scale_learning_rate(0.1, 256, 64, "linear") == pytest.approx(0.4)
+    assert data.scale_learning_rate(0.1, 256, 64, "sqrt") == pytest.approx(0.2)
+    assert data.scale_learning_rate(0.1, 256, 64, "none") == pytest.approx(0.1)
+    assert data.scale_learning_rate(0.1, 32, 64, "sqrt") == pytest.approx(0.1 / math.sqrt(2))
+    with pytest.raises(ConfigError, match=r"Unknown learning-rate scaling rule 'cubic'"):
+        data.scale_learning_rate(0.1, 2, 1, "cubic")
+
+
+@pytest.mark.parametrize("files, workers, policy", [
+    (0, 2, "DATA"), (1, 2, "DATA"), (2, 2, "FILE"), (8, 2, "FILE"), (8, 1, "DATA")])
+def test_choose_shard_policy(files, workers, policy):
+    assert data.choose_shard_policy(files, workers) == policy
+
+
+def test_shard_indices_partition_the_data():
+    shards = [list(data.shard_indices(10, 3, i)) for i in range(3)]
+    assert shards == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert sorted(sum(shards, [])) == list(range(10))
+    with pytest.raises(ConfigError, match="index=3, num_shards=3"):
+        data.shard_indices(10, 3, 3)
+
+
+def test_shard_matches_shard_indices():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(10)
+    got = [int(v) for v in data.shard(ds, 3, 1)]
+    assert got == list(data.shard_indices(10, 3, 1))
+
+
+def test_prepare_batches_globally_and_sets_policy(tmp_path):
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(10.0), np.arange(10)))
+    train = data.prepare(ds, 4, num_workers=2, training=True)
+    assert [b[0].shape[0] for b in train] == [4, 4]  # remainder dropped
+    test = data.prepare(ds, 4, num_workers=2, training=False)
+    assert [b[0].shape[0] for b in test] == [4, 4, 2]
+    policy = train.options().experimental_distribute.auto_shard_policy
+    assert policy == tf.data.experimental.AutoShardPolicy.DATA
+    filed = data.prepare(data.Source(ds, num_files=4), 4, num_workers=2)
+    assert (filed.options().experimental_distribute.auto_shard_policy
+            == tf.data.experimental.AutoShardPolicy.FILE)
+
+
+def test_shuffle_is_the_same_on_every_worker():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(20)
+    a = [list(b.numpy()) for b in data.prepare(ds, 5, shuffle_buffer=20, seed=3)]
+    b = [list(b.numpy()) for b in data.prepare(ds, 5, shuffle_buffer=20, seed=3)]
+    assert a == b and a != [list(range(i, i + 5)) for i in range(0, 20, 5)]
+
+
+def test_tfrecord_files(tmp_path):
+    with pytest.raises(ConfigError, match="is not a directory"):
+        data.tfrecord_files(str(tmp_path / "nope"), "train")
+    with pytest.raises(ConfigError, match="has no 'train-\\*.tfrecord' files"):
+        data.tfrecord_files(str(tmp_path), "train")
+    for name in ("train-1.tfrecord", "train-0.tfrecord", "test-0.tfrecord"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.rsplit("/", 1)[1] for p in data.tfrecord_files(str(tmp_path), "train")] == [
+        "train-0.tfrecord", "train-1.tfrecord"]

@@ -1,0 +1,58 @@
+"""The local launcher, with plain Python workers (no TensorFlow)."""
+
+import json
+import sys
+
+from tests.conftest import run_py
+
+from tfdist import launch
+
+
+def test_worker_tf_configs():
+    configs = launch.worker_tf_configs([1000, 1001])
+    assert configs[1] == {"cluster": {"worker": ["127.0.0.1:1000", "127.0.0.1:1001"]},
+                          "task": {"type": "worker", "index": 1}}
+
+
+def test_free_ports_are_distinct_loopback_ports():
+    ports = launch.free_ports(4)
+    assert len(set(ports)) == 4 and all(1024 <= p < 65536 for p in ports)
+
+
+def test_each_worker_gets_its_tf_config_and_prefixed_output():
+    code = ("import os, json; c = json.loads(os.environ['TF_CONFIG']); "
+            "print('index', c['task']['index'], 'of', len(c['cluster']['worker']))")
+    proc = run_py(["-m", "tfdist.launch", "-n", "3", "--", sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for i in range(3):
+        assert f"[worker {i}] index {i} of 3" in proc.stdout
+
+
+def test_failing_worker_stops_the_others_and_is_named():
+    code = ("import os, json, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            "sys.exit(7) if i == 1 else time.sleep(60)")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-c", code], timeout=40)
+    assert proc.returncode == 1
+    assert "tfdist.launch: worker 1 failed (exit code 7); stopping the other 1 worker(s)." in (
+        proc.stderr)
+
+
+def test_killed_worker_is_reported_by_signal():
+    code = ("import os, json, signal, time; "
+            "i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            "os.kill(os.getpid(), signal.SIGKILL) if i == 0 else time.sleep(60)")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-c", code], timeout=40)
+    assert proc.returncode == 1 and "worker 0 failed (killed by SIGKILL)" in proc.stderr
+
+
+def test_timeout():
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "1", "--", sys.executable, "-c",
+                   "import time; time.sleep(60)"], timeout=40)
+    assert proc.returncode == 124 and "timed out after 1s" in proc.stderr
+
+
+def test_usage_errors():
+    proc = run_py(["-m", "tfdist.launch", "-n", "2"], timeout=30)
+    assert proc.returncode == 2 and "no COMMAND given after '--'" in proc.stderr
+    proc = run_py(["-m", "tfdist.launch", "-n", "0", "--", "true"], timeout=30)
+    assert proc.returncode == 2 and "-n must be >= 1. Received: 0." in proc.stderr

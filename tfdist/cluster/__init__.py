@@ -1,0 +1,59 @@
+"""Cluster discovery: where this process sits in the job.
+
+Environments are tried in this order, the first that detects itself wins:
+
+1. ``tf_config``: TF_CONFIG is set (an explicit cluster always wins).
+2. ``slurm``: running as a task of a Slurm job step (`srun`).
+3. ``local``: one process on this machine.
+
+Environment variables are read only in the environment classes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from tfdist.cluster.base import ClusterEnvironment, ClusterInfo
+from tfdist.cluster.local import LocalEnvironment
+from tfdist.cluster.slurm import SlurmEnvironment
+from tfdist.cluster.tf_config import TFConfigEnvironment
+from tfdist.errors import ClusterError
+
+ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
+    TFConfigEnvironment, SlurmEnvironment, LocalEnvironment)
+_BY_NAME = {env.name: env for env in ENVIRONMENTS}
+
+
+def detect(environ: Mapping[str, str] | None = None, source: str = "auto") -> ClusterInfo:
+    """Discovers the cluster this process belongs to.
+
+    Args:
+        environ: Environment to read; defaults to `os.environ`.
+        source: "auto" to try every environment in order, or one of
+            "tf_config", "slurm", "local" to force it.
+
+    Returns:
+        The ClusterInfo of this process.
+
+    Raises:
+        ClusterError: if the environment is inconsistent, or the forced
+            source is not present.
+    """
+    environ = os.environ if environ is None else environ
+    if source != "auto":
+        if source not in _BY_NAME:
+            raise ClusterError(f"Unknown cluster source {source!r}; valid: "
+                               f"{['auto', *_BY_NAME]}.")
+        env = _BY_NAME[source]
+        if not env.detect(environ):
+            raise ClusterError(f"Cluster source {source!r} was requested but its "
+                               "environment variables are not set.")
+        return env.resolve(environ)
+    for env in ENVIRONMENTS:
+        if env.detect(environ):
+            return env.resolve(environ)
+    raise AssertionError("LocalEnvironment always detects")  # pragma: no cover
+
+
+__all__ = ["ClusterInfo", "ClusterEnvironment", "detect", "ENVIRONMENTS"]

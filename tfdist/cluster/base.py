@@ -1,0 +1,68 @@
+"""The result of cluster discovery, shared by every environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """Where this process sits in the job.
+
+    Attributes:
+        source: Which environment produced it: "tf_config", "slurm" or "local".
+        num_workers: Number of training processes (chief included) that take
+            part in synchronous training.
+        worker_index: This process's rank among them, 0-based; the chief is 0.
+        task_type: TF task type of this process ("chief", "worker", "ps", ...).
+        task_index: TF task index within `task_type`.
+        tf_config: The TF_CONFIG dict that TensorFlow must see, or None when
+            the job is a single process.
+        local_rank: Rank of this process on its host (picks a GPU there).
+        hostname: Host this process runs on, when the source knows it.
+    """
+
+    source: str
+    num_workers: int
+    worker_index: int
+    task_type: str = "worker"
+    task_index: int = 0
+    tf_config: dict[str, Any] | None = None
+    local_rank: int = 0
+    hostname: str | None = None
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the one process that writes checkpoints, logs and models."""
+        return self.worker_index == 0 and self.task_type in ("chief", "worker")
+
+    @property
+    def is_multi_worker(self) -> bool:
+        """True when more than one process trains together."""
+        return self.num_workers > 1
+
+    def tf_config_json(self) -> str | None:
+        """TF_CONFIG as the JSON string TensorFlow reads, or None."""
+        return None if self.tf_config is None else json.dumps(self.tf_config)
+
+
+class ClusterEnvironment:
+    """One source of cluster information (an env var family, a scheduler).
+
+    Subclasses read their environment variables here and nowhere else; the
+    mapping is passed in so that tests can use a cleared environment.
+    """
+
+    name = "base"
+
+    @staticmethod
+    def detect(environ) -> bool:  # pragma: no cover - interface
+        """Returns True when `environ` describes this kind of cluster."""
+        raise NotImplementedError
+
+    @staticmethod
+    def resolve(environ) -> ClusterInfo:  # pragma: no cover - interface
+        """Builds the ClusterInfo, raising ClusterError on inconsistent input."""
+        raise NotImplementedError

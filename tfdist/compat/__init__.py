@@ -1,0 +1,15 @@
+"""Upstream workarounds, one module per upstream bug.
+
+Each module names the upstream issue, checks that the installed library still
+has the internals it patches, and is applied by `apply_all()` whenever tfdist
+builds a strategy.
+"""
+
+from __future__ import annotations
+
+
+def apply_all() -> None:
+    """Applies every workaround that the installed libraries need."""
+    from tfdist.compat import keras_mwms
+
+    keras_mwms.apply()

@@ -1,0 +1,173 @@
+"""Batch and shard arithmetic, and the thin tf.data calls that use it.
+
+One module for every strategy. The arithmetic is pure Python (tested without
+a cluster); only `prepare`, `shard` and `tfrecord_files` touch tf.data.
+
+Equality with single-device training: a dataset batched at the *global*
+batch size with AutoShardPolicy.DATA is split by TensorFlow so that the
+replicas of one step together see exactly the examples of one global batch,
+the same examples one replica would see. FILE sharding (each worker reads its
+own files) is faster for large data but changes which examples meet in a
+batch, so it is chosen only when there are at least as many files as workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from tfdist.errors import ConfigError
+
+SCALING_RULES = ("none", "linear", "sqrt")
+
+
+def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
+    """Splits a global batch evenly across replicas.
+
+    Args:
+        global_batch_size: Examples per optimizer step, all replicas together.
+        num_replicas: Replicas in sync.
+
+    Returns:
+        Examples each replica processes per step.
+
+    Raises:
+        ConfigError: when the global batch does not divide evenly.
+    """
+    if global_batch_size < 1 or num_replicas < 1:
+        raise ConfigError(f"global_batch_size and num_replicas must be >= 1. Received: "
+                          f"global_batch_size={global_batch_size}, num_replicas={num_replicas}.")
+    if global_batch_size % num_replicas:
+        lo = global_batch_size - global_batch_size % num_replicas
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not divisible by "
+            f"num_replicas={num_replicas}. Use a multiple of {num_replicas}, "
+            f"e.g. --global-batch-size {lo or num_replicas} or {lo + num_replicas}.")
+    return global_batch_size // num_replicas
+
+
+def scale_learning_rate(base_lr: float, global_batch_size: int, base_batch_size: int,
+                        rule: str = "linear") -> float:
+    """Scales a learning rate tuned at `base_batch_size` to `global_batch_size`.
+
+    Args:
+        base_lr: Learning rate that worked at `base_batch_size`.
+        global_batch_size: The batch size now used.
+        base_batch_size: The batch size `base_lr` was tuned for.
+        rule: "linear" (Goyal et al. 2017), "sqrt" (Krizhevsky 2014; for
+            adaptive optimizers), or "none".
+
+    Returns:
+        The scaled learning rate.
+
+    Raises:
+        ConfigError: for an unknown rule or non-positive batch sizes.
+    """
+    if rule not in SCALING_RULES:
+        raise ConfigError(f"Unknown learning-rate scaling rule {rule!r}; valid: "
+                          f"{list(SCALING_RULES)}.")
+    if global_batch_size < 1 or base_batch_size < 1:
+        raise ConfigError(f"batch sizes must be >= 1. Received: global_batch_size="
+                          f"{global_batch_size}, base_batch_size={base_batch_size}.")
+    ratio = global_batch_size / base_batch_size
+    return base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[rule]
+
+
+def choose_shard_policy(num_files: int, num_workers: int) -> str:
+    """Pure function: "FILE" when every worker can get a file, else "DATA".
+
+    Args:
+        num_files: Input files behind the dataset (0 for in-memory data).
+        num_workers: Processes reading the data.
+    """
+    return "FILE" if num_files >= num_workers > 1 else "DATA"
+
+
+def shard_indices(num_examples: int, num_shards: int, index: int) -> range:
+    """Pure function: the example indices shard `index` takes (round robin).
+
+    This is what `tf.data.Dataset.shard(num_shards, index)` selects.
+
+    Raises:
+        ConfigError: when `index` is not in [0, num_shards).
+    """
+    if num_shards < 1 or not 0 <= index < num_shards:
+        raise ConfigError(f"shard index must be in [0, num_shards). Received: "
+                          f"index={index}, num_shards={num_shards}.")
+    return range(index, num_examples, num_shards)
+
+
+@dataclasses.dataclass
+class Source:
+    """What a recipe hands over: unbatched examples, and how many files back them.
+
+    Attributes:
+        dataset: A `tf.data.Dataset` of unbatched (features, label) examples.
+        num_files: Files the dataset reads (0 for in-memory data); decides
+            the auto-shard policy.
+    """
+
+    dataset: object
+    num_files: int = 0
+
+
+def tfrecord_files(data_dir: str, split: str) -> list[str]:
+    """Sorted TFRecord files for a split: `DATA_DIR/SPLIT-*.tfrecord`.
+
+    Raises:
+        ConfigError: when the directory has no such files.
+    """
+    if not os.path.isdir(data_dir):
+        raise ConfigError(f"data_dir={data_dir!r} is not a directory.")
+    files = sorted(os.path.join(data_dir, f) for f in os.listdir(data_dir)
+                   if f.startswith(f"{split}-") and f.endswith(".tfrecord"))
+    if not files:
+        raise ConfigError(f"data_dir={data_dir!r} has no '{split}-*.tfrecord' files. "
+                          "Write them with the recipe's `write_tfrecords` helper.")
+    return files
+
+
+def shard(dataset, num_shards: int, index: int):
+    """Explicit shard-by-index for paths that do not auto-shard (Horovod, PS).
+
+    Keeps every `num_shards`-th element starting at `index`; call it before
+    shuffling so that shards are disjoint.
+    """
+    shard_indices(0, num_shards, index)  # validates
+    return dataset.shard(num_shards, index)
+
+
+def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: bool = True,
+            shuffle_buffer: int = 0, seed: int = 0):
+    """Batches a recipe's examples at the global batch size for `fit`.
+
+    Args:
+        source: A `Source`, or a plain `tf.data.Dataset` of unbatched examples.
+        global_batch_size: Examples per step across all replicas; TensorFlow
+            splits each global batch among the replicas.
+        num_workers: Processes reading data (decides FILE vs DATA sharding).
+        training: Drop the last partial batch (so every step is a full global
+            batch) and shuffle when `shuffle_buffer` > 0.
+        shuffle_buffer: Shuffle buffer; the seed is the same on every worker,
+            so every worker sees the same order before sharding.
+        seed: Shuffle seed.
+
+    Returns:
+        A batched `tf.data.Dataset` with its auto-shard policy set.
+    """
+    import tensorflow as tf
+
+    if not isinstance(source, Source):
+        source = Source(dataset=source)
+    ds = source.dataset
+    if training and shuffle_buffer > 0:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(global_batch_size, drop_remainder=training)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    policy = choose_shard_policy(source.num_files, num_workers)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(
+        tf.data.experimental.AutoShardPolicy, policy)
+    options.deterministic = True
+    return ds.with_options(options)

@@ -1,0 +1,167 @@
+"""`python -m tfdist.launch -n N [--timeout S] -- COMMAND ...`: N workers on this host.
+
+Like `torchrun --standalone`: picks N free ports on 127.0.0.1, gives each
+worker a TF_CONFIG, prefixes every output line with the worker index, and
+when any worker fails stops the others and exits non-zero naming which worker
+failed and how. Imports no TensorFlow.
+
+    python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
+
+The gRPC ports TensorFlow opens are unauthenticated; this launcher binds them
+to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HOST = "127.0.0.1"
+GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
+
+
+def free_ports(n: int, host: str = HOST) -> list[int]:
+    """Returns `n` distinct ports that were free on `host` a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def worker_tf_configs(ports: list[int], host: str = HOST) -> list[dict]:
+    """Pure function: one TF_CONFIG per worker for a local cluster."""
+    workers = [f"{host}:{p}" for p in ports]
+    return [{"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+            for i in range(len(ports))]
+
+
+def describe_exit(code: int) -> str:
+    """'exit code 3' or 'killed by SIGKILL' for a Popen returncode."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _pump(stream, prefix: str, out) -> None:
+    for line in iter(stream.readline, b""):
+        out.buffer.write(prefix.encode() + line)
+        out.flush()
+    stream.close()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run(num_workers: int, command: list[str], timeout_s: float | None = None,
+        env: dict | None = None) -> int:
+    """Runs `command` as `num_workers` local workers and supervises them.
+
+    Returns:
+        0 when every worker exits 0; otherwise 1 (a worker failed) or 124
+        (timed out). The cause is printed to stderr.
+    """
+    base_env = dict(os.environ if env is None else env)
+    base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    base_env.setdefault("PYTHONUNBUFFERED", "1")
+    configs = worker_tf_configs(free_ports(num_workers))
+    procs, pumps = [], []
+    for i, cfg in enumerate(configs):
+        worker_env = {**base_env, "TF_CONFIG": json.dumps(cfg)}
+        p = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        procs.append(p)
+        for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+            t = threading.Thread(target=_pump, args=(stream, f"[worker {i}] ", out), daemon=True)
+            t.start()
+            pumps.append(t)
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline = None if not timeout_s else time.monotonic() + timeout_s
+    status, message = 0, None
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                i, c = failed[0]
+                message = (f"tfdist.launch: worker {i} failed ({describe_exit(c)}); "
+                           f"stopping the other {num_workers - 1} worker(s).")
+                status = 1
+                break
+            if all(c == 0 for c in codes):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                running = [i for i, c in enumerate(codes) if c is None]
+                message = (f"tfdist.launch: timed out after {timeout_s:g}s; "
+                           f"worker(s) {running} still running; stopping them.")
+                status = 124
+                break
+            time.sleep(0.1)
+    finally:
+        _stop(procs)
+        for t in pumps:
+            t.join(timeout=5)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" in argv:
+        split = argv.index("--")
+        own, command = argv[:split], argv[split + 1:]
+    else:
+        own, command = argv, []
+    parser = argparse.ArgumentParser(
+        prog="python -m tfdist.launch",
+        description="Run N workers of COMMAND on 127.0.0.1, each with its own TF_CONFIG.",
+        usage="python -m tfdist.launch -n N [--timeout S] -- COMMAND ...")
+    parser.add_argument("-n", "--num-workers", type=int, required=True)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="stop all workers after S seconds (exit 124)")
+    args = parser.parse_args(own)
+    if args.num_workers < 1:
+        parser.error(f"-n must be >= 1. Received: {args.num_workers}.")
+    if not command:
+        parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch -n 2 -- "
+                     "python -m tfdist.train digits_mlp --strategy multi_worker")
+    return run(args.num_workers, command, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

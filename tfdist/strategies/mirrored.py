@@ -1,0 +1,17 @@
+"""`mirrored`: one process, one replica per local device (MirroredStrategy)."""
+
+from __future__ import annotations
+
+from tfdist.strategies.devices import local_devices
+
+
+def build(cluster, options):
+    """MirroredStrategy over `options.devices` local devices (all when None).
+
+    On a CPU-only machine the devices are the logical CPUs made by
+    `configure_runtime(cpu_devices=N)`, so replication is real and testable.
+    """
+    import tensorflow as tf
+
+    devices = local_devices(options.devices)
+    return tf.distribute.MirroredStrategy(devices=devices)
