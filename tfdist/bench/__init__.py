@@ -1,0 +1,18 @@
+"""`python -m tfdist.bench SUBCOMMAND --out DIR`: tfdist measures itself.
+
+Each subcommand is a module here with::
+
+    DESCRIPTION = "one line"
+    def add_arguments(parser): ...          # its own flags
+    def run(args) -> dict: ...              # measures; returns JSON-able results
+    def table(result) -> str: ...           # readable summary printed to stdout
+    def plot(result, fig): ...              # draws onto a matplotlib Figure
+
+and is registered in `SUBCOMMANDS`. The runner writes DIR/SUBCOMMAND.json
+(atomically) and DIR/SUBCOMMAND.png and prints the table. Ratios are always
+measured side by side in one run.
+"""
+
+SUBCOMMANDS: dict[str, str] = {
+    # name -> module; imported lazily so one benchmark's deps never load another's.
+}
