@@ -56,3 +56,27 @@ def test_usage_errors():
     assert proc.returncode == 2 and "no COMMAND given after '--'" in proc.stderr
     proc = run_py(["-m", "tfdist.launch", "-n", "0", "--", "true"], timeout=30)
     assert proc.returncode == 2 and "-n must be >= 1. Received: 0." in proc.stderr
+
+
+def test_max_restarts_relaunches_all_workers(tmp_path):
+    marker = tmp_path / "failed-once"
+    code = ("import os, json, sys, pathlib; "
+            "i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            f"m = pathlib.Path({str(marker)!r}); "
+            "first = not m.exists(); "
+            "(m.touch(), sys.exit(9)) if i == 1 and first else print('run ok', i)")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--max-restarts", "1", "--", sys.executable,
+                   "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "worker 1 failed (exit code 9)" in proc.stderr
+    assert "restarting all 2 worker(s) (restart 1 of 1)" in proc.stderr
+    assert "[worker 0] run ok 0" in proc.stdout and "[worker 1] run ok 1" in proc.stdout
+
+
+def test_restarts_run_out_and_config_errors_are_not_retried():
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--max-restarts", "2", "--", sys.executable,
+                   "-c", "import sys; sys.exit(9)"], timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("restarting all") == 2
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--max-restarts", "2", "--", sys.executable,
+                   "-c", "import sys; sys.exit(2)"], timeout=60)
+    assert proc.returncode == 2 and "restarting" not in proc.stderr

@@ -9,9 +9,15 @@ would load); on every other worker it writes nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import os
 import tempfile
+
+import numpy as np
+
+from tfdist.errors import CheckpointError
 
 
 @contextlib.contextmanager
@@ -79,3 +85,168 @@ class ChiefWriter:
         with atomic_path(path, suffix=".keras") as tmp:
             model.save(tmp)
         return path
+
+
+# ---------------------------------------------------------------------------
+# Backups: the training state a restarted job resumes from.
+#
+# A backup is one .npz file, written by the chief only, atomically, holding
+# every model variable (weights, non-trainable state, RNG seed-generator
+# state), every optimizer variable, and a JSON record of where training was
+# (epoch, step in epoch, global step), what wrote it (recipe, variable
+# signature, replicas, global batch) and a SHA-256 of the arrays. Values are
+# read from mirrored variables locally, which needs no collective, so other
+# workers never write anything, not even to a temporary place.
+
+BACKUP_DIR = "backup"
+BACKUP_FORMAT = 1
+_PREFIX, _SUFFIX = "ckpt-", ".npz"
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where training is; saved in every backup.
+
+    Attributes:
+        epoch: Epochs completed.
+        step_in_epoch: Steps completed in the current epoch.
+        global_step: Steps completed in all (the data position).
+        history: Per-epoch metrics of the completed epochs.
+    """
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    history: dict = dataclasses.field(default_factory=dict)
+
+
+def signature(variables) -> list[list]:
+    """[path, shape, dtype] of each variable: what a backup must match."""
+    return [[getattr(v, "path", None) or v.name, list(v.shape),
+             str(getattr(v.dtype, "name", v.dtype))] for v in variables]
+
+
+def _digest(arrays: dict) -> str:
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arrays[key]).tobytes())
+    return h.hexdigest()
+
+
+class BackupStore:
+    """The backups of one model dir: save (chief only), list, load, validate.
+
+    Args:
+        model_dir: The job's model dir; backups go to MODEL_DIR/backup.
+        is_chief: Only the chief writes.
+        keep: How many of the newest backups to keep (older ones are removed).
+    """
+
+    def __init__(self, model_dir: str, is_chief: bool, keep: int = 3):
+        self.directory = os.path.join(model_dir, BACKUP_DIR)
+        self.is_chief = is_chief
+        self.keep = max(1, keep)
+
+    def paths(self) -> list[str]:
+        """Backup files, oldest first."""
+        if not os.path.isdir(self.directory):
+            return []
+        names = sorted(f for f in os.listdir(self.directory)
+                       if f.startswith(_PREFIX) and f.endswith(_SUFFIX))
+        return [os.path.join(self.directory, f) for f in names]
+
+    def latest(self) -> str | None:
+        """The newest backup, or None."""
+        paths = self.paths()
+        return paths[-1] if paths else None
+
+    def save(self, state: TrainState, model_vars, optimizer_vars, meta: dict) -> str | None:
+        """Writes a backup of `state` (chief only); returns its path or None.
+
+        Args:
+            state: Training position to record.
+            model_vars: Model variables (`model.variables`).
+            optimizer_vars: Optimizer variables (`optimizer.variables`).
+            meta: What identifies the run (recipe, num_replicas, ...).
+        """
+        if not self.is_chief:
+            return None
+        arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(model_vars)}
+        arrays.update({f"opt_{i}": np.asarray(v.numpy()) for i, v in enumerate(optimizer_vars)})
+        record = {**meta, "format": BACKUP_FORMAT, "state": dataclasses.asdict(state),
+                  "model_signature": signature(model_vars),
+                  "optimizer_signature": signature(optimizer_vars),
+                  "sha256": _digest(arrays)}
+        arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
+        path = os.path.join(self.directory, f"{_PREFIX}{state.global_step:010d}{_SUFFIX}")
+        with atomic_path(path, suffix=_SUFFIX) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+        for old in self.paths()[:-self.keep]:
+            os.remove(old)
+        return path
+
+    @staticmethod
+    def load(path: str) -> tuple[dict, dict]:
+        """Reads a backup: (meta record, arrays).
+
+        Raises:
+            CheckpointError: when the file is truncated, corrupt or not a backup.
+        """
+        hint = ("Delete it to resume from an older backup, or pass --no-resume to start "
+                "fresh.")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+            record = json.loads(arrays.pop("meta").tobytes().decode())
+        except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, KeyError, ...
+            raise CheckpointError(f"Backup {path} is corrupt or truncated "
+                                  f"({type(e).__name__}: {e}). {hint}") from None
+        if record.get("format") != BACKUP_FORMAT:
+            raise CheckpointError(f"Backup {path} has format {record.get('format')!r}; this "
+                                  f"tfdist reads format {BACKUP_FORMAT}. {hint}")
+        if _digest(arrays) != record.get("sha256"):
+            raise CheckpointError(f"Backup {path} is corrupt: its arrays do not match the "
+                                  f"SHA-256 recorded when it was written. {hint}")
+        return record, arrays
+
+    @staticmethod
+    def check_compatible(path: str, record: dict, expected: dict) -> None:
+        """Refuses a backup written by a different run.
+
+        Args:
+            path: The backup's file (named in the error).
+            record: Its meta record.
+            expected: This run's values for the same keys (recipe,
+                num_replicas, global_batch_size, model_signature,
+                optimizer_signature).
+
+        Raises:
+            CheckpointError: naming the first mismatch.
+        """
+        hint = "Use another --model-dir, or pass --no-resume to start fresh there."
+        for key in ("recipe", "num_replicas", "global_batch_size"):
+            if record.get(key) != expected[key]:
+                raise CheckpointError(
+                    f"Backup {path} cannot be resumed: it was written with {key}="
+                    f"{record.get(key)!r} but this run has {key}={expected[key]!r}. {hint}")
+        for key, what in (("model_signature", "model"), ("optimizer_signature", "optimizer")):
+            got, want = record.get(key, []), expected[key]
+            if len(got) != len(want):
+                raise CheckpointError(
+                    f"Backup {path} cannot be resumed: it holds {len(got)} {what} variables "
+                    f"but this {what} has {len(want)}. {hint}")
+            for (gp, gs, gd), (wp, ws, wd) in zip(got, want):
+                if gs != ws or gd != wd:
+                    raise CheckpointError(
+                        f"Backup {path} cannot be resumed: {what} variable {wp!r} has shape "
+                        f"{ws} ({wd}) here but {gs} ({gd}) in the backup ({gp!r}). {hint}")
+
+    @staticmethod
+    def restore(arrays: dict, model_vars, optimizer_vars) -> None:
+        """Assigns a backup's arrays to the variables (call in the strategy scope)."""
+        for i, v in enumerate(model_vars):
+            v.assign(arrays[f"model_{i}"])
+        for i, v in enumerate(optimizer_vars):
+            v.assign(arrays[f"opt_{i}"])

@@ -32,6 +32,12 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
     "steps_per_epoch": 0,        # 0: one pass over the data
     "verbose": 1,                # Keras progress (chief only): 0, 1 or 2
+    "resume": True,              # resume from MODEL_DIR/backup if it holds a backup
+    "keep": 3,                   # backups kept in MODEL_DIR/backup
+    "save_every_steps": 0,       # also back up mid-epoch every N steps (0: epoch ends only)
+    "preempt_check_steps": 1,    # steps between workers' agreement on a SIGTERM
+    "csv_log": True,             # chief writes MODEL_DIR/history.csv each epoch
+    "tensorboard": False,        # chief writes TensorBoard logs to MODEL_DIR/logs
 }
 
 _TRUE = {"1", "true", "yes", "on"}

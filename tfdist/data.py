@@ -139,7 +139,7 @@ def shard(dataset, num_shards: int, index: int):
 
 
 def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: bool = True,
-            shuffle_buffer: int = 0, seed: int = 0):
+            shuffle_buffer: int = 0, seed: int = 0, repeat: bool = False, skip_batches: int = 0):
     """Batches a recipe's examples at the global batch size for `fit`.
 
     Args:
@@ -152,6 +152,11 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
         shuffle_buffer: Shuffle buffer; the seed is the same on every worker,
             so every worker sees the same order before sharding.
         seed: Shuffle seed.
+        repeat: Repeat epochs forever (the caller sets steps_per_epoch). Each
+            epoch is batched on its own, so no batch spans two epochs.
+        skip_batches: Global batches to skip first: the data position of a
+            resumed run. Replaying the seeded pipeline and skipping gives the
+            resumed run exactly the batches the interrupted one would have seen.
 
     Returns:
         A batched `tf.data.Dataset` with its auto-shard policy set.
@@ -164,6 +169,10 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
     if training and shuffle_buffer > 0:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(global_batch_size, drop_remainder=training)
+    if repeat:
+        ds = ds.repeat()
+    if skip_batches:
+        ds = ds.skip(skip_batches)
     ds = ds.prefetch(tf.data.AUTOTUNE)
     policy = choose_shard_policy(source.num_files, num_workers)
     options = tf.data.Options()
@@ -171,3 +180,15 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
         tf.data.experimental.AutoShardPolicy, policy)
     options.deterministic = True
     return ds.with_options(options)
+
+
+def count_batches(dataset) -> int:
+    """Batches in one pass of a finite dataset (iterates it when TF can't tell)."""
+    import tensorflow as tf
+
+    n = int(dataset.cardinality())
+    if n >= 0:
+        return n
+    if n == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError("The training dataset is infinite; set --steps-per-epoch.")
+    return int(dataset.reduce(0, lambda count, _: count + 1))

@@ -1,5 +1,7 @@
 """Error types shared by the package."""
 
+from __future__ import annotations
+
 
 class ConfigError(ValueError):
     """Bad user input: a flag, an environment variable, a recipe.
@@ -14,3 +16,18 @@ class ClusterError(RuntimeError):
 
     The message carries a `HINT:` line saying how to fix the environment.
     """
+
+
+class CheckpointError(ConfigError):
+    """A backup cannot be resumed: corrupt, truncated, or from another run.
+
+    The message names the file and the mismatch, and says how to proceed.
+    """
+
+
+class PeerLostError(RuntimeError):
+    """Another worker of the job died or became unreachable."""
+
+    def __init__(self, message: str, peer: str | None = None):
+        super().__init__(message)
+        self.peer = peer

@@ -1,9 +1,10 @@
-"""`python -m tfdist.launch -n N [--timeout S] -- COMMAND ...`: N workers on this host.
+"""`python -m tfdist.launch -n N [--timeout S] [--max-restarts R] -- COMMAND ...`.
 
 Like `torchrun --standalone`: picks N free ports on 127.0.0.1, gives each
 worker a TF_CONFIG, prefixes every output line with the worker index, and
 when any worker fails stops the others and exits non-zero naming which worker
-failed and how. Imports no TensorFlow.
+failed and how. With `--max-restarts R` it then relaunches all workers (up to
+R times), which resume from the chief's last backup. Imports no TensorFlow.
 
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
 
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from tfdist import exit_codes
 
 HOST = "127.0.0.1"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
@@ -78,14 +81,37 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+# Statuses that a restart cannot fix: bad input, or a requested stop.
+NO_RESTART = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PREEMPTED)
+
+
 def run(num_workers: int, command: list[str], timeout_s: float | None = None,
-        env: dict | None = None) -> int:
+        env: dict | None = None, max_restarts: int = 0) -> int:
     """Runs `command` as `num_workers` local workers and supervises them.
 
+    When a worker fails, the others are stopped; with restarts left, all
+    workers are started again (on fresh ports) and resume from the last
+    backup, unless the failure was bad input or a preemption.
+
     Returns:
-        0 when every worker exits 0; otherwise 1 (a worker failed) or 124
-        (timed out). The cause is printed to stderr.
+        0 when every worker exits 0; the failed worker's status when it is a
+        tfdist status (2 config, 3 cluster, 4 peer lost, 75 preempted), else
+        1; 124 on timeout. The cause is printed to stderr.
     """
+    deadline = None if not timeout_s else time.monotonic() + timeout_s
+    attempt = 0
+    while True:
+        status, failed_code = _run_once(num_workers, command, deadline, timeout_s, env)
+        if status in (0, 124) or failed_code in NO_RESTART or attempt >= max_restarts:
+            return status
+        attempt += 1
+        print(f"tfdist.launch: restarting all {num_workers} worker(s) "
+              f"(restart {attempt} of {max_restarts}); they resume from the last backup.",
+              file=sys.stderr, flush=True)
+
+
+def _run_once(num_workers, command, deadline, timeout_s, env):
+    """One launch of all workers: (status, exit code of the failed worker or None)."""
     base_env = dict(os.environ if env is None else env)
     base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     base_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -107,17 +133,18 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
                 p.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    deadline = None if not timeout_s else time.monotonic() + timeout_s
-    status, message = 0, None
+    status, message, failed_code = 0, None, None
     try:
         while True:
             codes = [p.poll() for p in procs]
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                i, c = failed[0]
-                message = (f"tfdist.launch: worker {i} failed ({describe_exit(c)}); "
+                i, failed_code = failed[0]
+                message = (f"tfdist.launch: worker {i} failed ({describe_exit(failed_code)}); "
                            f"stopping the other {num_workers - 1} worker(s).")
-                status = 1
+                known = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PEER_LOST,
+                         exit_codes.PREEMPTED)
+                status = failed_code if failed_code in known else 1
                 break
             if all(c == 0 for c in codes):
                 break
@@ -136,7 +163,7 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
             signal.signal(s, handler)
     if message:
         print(message, file=sys.stderr, flush=True)
-    return status
+    return status, failed_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,17 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tfdist.launch",
         description="Run N workers of COMMAND on 127.0.0.1, each with its own TF_CONFIG.",
-        usage="python -m tfdist.launch -n N [--timeout S] -- COMMAND ...")
+        usage="python -m tfdist.launch -n N [--timeout S] [--max-restarts R] -- COMMAND ...")
     parser.add_argument("-n", "--num-workers", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop all workers after S seconds (exit 124)")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="relaunch all workers up to R times after a failure")
     args = parser.parse_args(own)
     if args.num_workers < 1:
         parser.error(f"-n must be >= 1. Received: {args.num_workers}.")
     if not command:
         parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch -n 2 -- "
                      "python -m tfdist.train digits_mlp --strategy multi_worker")
-    return run(args.num_workers, command, args.timeout)
+    return run(args.num_workers, command, args.timeout, max_restarts=args.max_restarts)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import sys
 
-from tfdist import config, recipe as recipe_lib
-from tfdist.errors import ClusterError, ConfigError
+from tfdist import config, exit_codes, recipe as recipe_lib
+from tfdist.errors import ClusterError, ConfigError, PeerLostError
 
 DEFAULT_RECIPE = "digits_mlp"
 
@@ -58,11 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         trainer.train(recipe, cfg, cluster.detect())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.CONFIG
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 3
-    return 0
+        return exit_codes.CLUSTER
+    except PeerLostError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_codes.PEER_LOST
+    except Exception as e:
+        if type(e).__name__ != "Preempted":
+            raise
+        print(f"tfdist: {e}", file=sys.stderr, flush=True)
+        return exit_codes.PREEMPTED
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

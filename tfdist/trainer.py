@@ -3,18 +3,36 @@
 This is the library entry the CLI (`tfdist.train`) calls; it knows nothing of
 argument parsing. Order matters: devices and threads are configured and the
 strategy is built before any TensorFlow op runs, as TensorFlow requires.
+
+Fault tolerance: the chief backs the run up (every epoch, and every
+`save_every_steps`) to MODEL_DIR/backup; a rerun of the same command resumes
+from the newest backup at the same data position, so an interrupted and
+resumed run is the same math as an uninterrupted one. SIGTERM saves a backup
+at the next step boundary and raises `Preempted`; a lost peer raises
+`PeerLostError` naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
 import sys
 import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import data, strategies
-from tfdist.checkpoint import ChiefWriter
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
+from tfdist.errors import PeerLostError
+
+
+class Preempted(Exception):
+    """Training stopped on SIGTERM after saving a backup."""
+
+    def __init__(self, message: str, backup: str | None):
+        super().__init__(message)
+        self.backup = backup
 
 
 @dataclasses.dataclass
@@ -56,21 +74,33 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
 
 
-class _Counter:
-    """Counts training steps (as a Keras callback) for examples/s."""
+_PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
-    def __new__(cls):
-        import keras
 
-        class Counter(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.steps = 0
+def describe_peer_failure(message: str, cluster) -> str | None:
+    """Pure function: 'worker 1 (host:port)' from a collective's error, if named."""
+    for job, task in _PEER.findall(message):
+        task = int(task)
+        if job == cluster.task_type and task == cluster.task_index:
+            continue  # our own device, not the peer
+        addresses = (cluster.tf_config or {}).get("cluster", {}).get(job, [])
+        where = f" ({addresses[task]})" if task < len(addresses) else ""
+        return f"{job} {task}{where}"
+    return None
 
-            def on_train_batch_end(self, batch, logs=None):
-                self.steps += 1
 
-        return Counter()
+def _counter():
+    import keras
+
+    class Counter(keras.callbacks.Callback):
+        """Counts training steps, for examples/s."""
+
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+
+    return Counter()
 
 
 def _log(cluster, message: str) -> None:
@@ -78,17 +108,33 @@ def _log(cluster, message: str) -> None:
         print(f"tfdist: {message}", flush=True)
 
 
-def train(recipe, cfg: dict, cluster=None) -> Result:
+def _build_optimizer(cfg, lr):
+    import keras
+
+    opt_config = {"learning_rate": lr}
+    if cfg["optimizer"] == "sgd":
+        opt_config["momentum"] = cfg["momentum"]
+    return keras.optimizers.get({"class_name": cfg["optimizer"], "config": opt_config})
+
+
+def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     """Trains `recipe` as configured by `cfg` on the discovered cluster.
 
     Args:
         recipe: A loaded recipe module (see `tfdist.recipe`).
         cfg: The merged configuration (see `tfdist.config.merge`).
         cluster: ClusterInfo; discovered from the environment when None.
+        callbacks: Extra Keras callbacks for `fit`, run on every worker.
 
     Returns:
-        A Result. The chief also writes MODEL_DIR/model.keras and
-        MODEL_DIR/metrics.json; other workers write nothing there.
+        A Result. The chief also writes MODEL_DIR/model.keras,
+        MODEL_DIR/metrics.json, MODEL_DIR/history.csv and MODEL_DIR/backup/;
+        other workers write nothing there.
+
+    Raises:
+        Preempted: after SIGTERM, once the backup is saved.
+        PeerLostError: when another worker died or became unreachable.
+        CheckpointError: when the backup to resume from is corrupt or foreign.
     """
     cluster = cluster or cluster_lib.detect()
     check_before_tensorflow(cfg, cluster)
@@ -96,6 +142,8 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
     import keras
     import tensorflow as tf
 
+    from tfdist import callbacks as cb
+    from tfdist.preemption import PreemptionWatcher, any_worker
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
     cpu_devices = cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0 else None
@@ -114,37 +162,94 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
     per_replica = data.per_replica_batch_size(gbs, replicas)
     lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
                                   cfg["lr_scaling"])
+    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
     _log(cluster, f"recipe={recipe.RECIPE_NAME} strategy={name} num_replicas={replicas} "
                   f"workers={cluster.num_workers} source={cluster.source} "
                   f"global_batch_size={gbs} per_replica_batch_size={per_replica} "
-                  f"learning_rate={lr:g}")
+                  f"learning_rate={lr:g} model_dir={model_dir}")
 
-    train_ds = data.prepare(recipe.build_dataset(cfg, "train"), gbs,
+    def train_dataset(skip_batches=0, repeat=True):
+        return data.prepare(recipe.build_dataset(cfg, "train"), gbs,
                             num_workers=cluster.num_workers, training=True,
-                            shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"])
+                            shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"],
+                            repeat=repeat, skip_batches=skip_batches)
+
+    steps_per_epoch = cfg["steps_per_epoch"] or data.count_batches(train_dataset(repeat=False))
     test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs,
                            num_workers=cluster.num_workers, training=False)
-    policy = train_ds.options().experimental_distribute.auto_shard_policy.name
-    _log(cluster, f"input sharding: AutoShardPolicy.{policy}")
+    policy = test_ds.options().experimental_distribute.auto_shard_policy.name
+    _log(cluster, f"input sharding: AutoShardPolicy.{policy}; {steps_per_epoch} steps per epoch")
 
     with strategy.scope():
         model = recipe.build_model(cfg)
-        opt_config = {"learning_rate": lr}
-        if cfg["optimizer"] == "sgd":
-            opt_config["momentum"] = cfg["momentum"]
-        optimizer = keras.optimizers.get({"class_name": cfg["optimizer"], "config": opt_config})
+        optimizer = _build_optimizer(cfg, lr)
         compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
         model.compile(optimizer=optimizer, **compile_kwargs)
+        # Keras builds optimizers lazily; build now so a backup can fill its slots.
+        optimizer.build(model.trainable_variables)
 
-    counter = _Counter()
+    # --- resume ---------------------------------------------------------
+    store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
+    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": replicas, "global_batch_size": gbs}
+    state, resumed_from = TrainState(), None
+    latest = store.latest()
+    if latest and cfg["resume"]:
+        record, arrays = store.load(latest)
+        store.check_compatible(latest, record, {
+            **meta, "model_signature": signature(model.variables),
+            "optimizer_signature": signature(optimizer.variables)})
+        with strategy.scope():
+            store.restore(arrays, model.variables, optimizer.variables)
+        state, resumed_from = TrainState(**record["state"]), latest
+        _log(cluster, f"resumed from {latest}: epoch {state.epoch}, step {state.step_in_epoch} "
+                      f"of {steps_per_epoch} (global step {state.global_step})")
+    elif latest and cluster.is_chief:
+        shutil.rmtree(store.directory)  # --no-resume: stale backups must not shadow new ones
+        _log(cluster, f"--no-resume: removed old backups in {store.directory}")
+
+    # --- train ----------------------------------------------------------
+    watcher = PreemptionWatcher()
+    backup_cb = cb.make_backup_callback(
+        store, state, meta, steps_per_epoch=steps_per_epoch,
+        save_every_steps=cfg["save_every_steps"], watcher=watcher,
+        agree=lambda flag: any_worker(strategy, flag),
+        check_every=max(1, cfg["preempt_check_steps"]))
+    counter = _counter()
+    callbacks = [counter, *(callbacks or []), backup_cb]
+    if cfg["csv_log"]:
+        callbacks.append(cb.make_csv_logger(os.path.join(model_dir, "history.csv"),
+                                            cluster.is_chief, state))
+    if cfg["tensorboard"]:
+        callbacks += [c for c in [cb.make_tensorboard(os.path.join(model_dir, "logs"),
+                                                      cluster.is_chief)] if c]
     start = time.perf_counter()
-    history = model.fit(train_ds, epochs=cfg["epochs"],
-                        steps_per_epoch=cfg["steps_per_epoch"] or None,
-                        verbose=cfg["verbose"] if cluster.is_chief else 0,
-                        callbacks=[counter], shuffle=False)  # shuffling is data.prepare's job
+    try:
+        while state.epoch < cfg["epochs"] and not backup_cb.preempted:
+            # A run resumed mid-epoch first finishes that epoch on its own.
+            partial = state.step_in_epoch > 0
+            model.fit(train_dataset(skip_batches=state.global_step),
+                      initial_epoch=state.epoch,
+                      epochs=state.epoch + 1 if partial else cfg["epochs"],
+                      steps_per_epoch=steps_per_epoch - state.step_in_epoch,
+                      verbose=cfg["verbose"] if cluster.is_chief else 0,
+                      callbacks=callbacks, shuffle=False)  # shuffling is data.prepare's job
+    except tf.errors.OpError as e:
+        if not cluster.is_multi_worker:
+            raise
+        peer = describe_peer_failure(str(e), cluster)
+        raise PeerLostError(
+            f"lost contact with {peer or 'a peer worker'} during training "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). The newest backup is "
+            f"{store.latest() or 'none yet'}; rerun the same command to resume.", peer) from None
+    finally:
+        watcher.uninstall()
     wall = time.perf_counter() - start
-    evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
+    if backup_cb.preempted:
+        raise Preempted(f"preempted by signal {watcher.signum} at global step "
+                        f"{state.global_step}; backup {backup_cb.last_path or store.latest()}. "
+                        "Rerun the same command to continue.", backup_cb.last_path)
 
+    evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
     metrics = {
         "recipe": recipe.RECIPE_NAME,
         "strategy": name,
@@ -154,12 +259,15 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
         "learning_rate": lr,
         "shard_policy": policy,
         "epochs": cfg["epochs"],
-        "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+        "steps_per_epoch": steps_per_epoch,
+        "global_step": state.global_step,
+        "resumed_from": resumed_from,
+        "history": state.history,
         "test": {k: float(v) for k, v in evaluation.items()},
         "wall_time_s": wall,
         "examples_per_s": counter.steps * gbs / wall if wall > 0 else 0.0,
     }
-    writer = ChiefWriter(model_dir_for(cfg, recipe.RECIPE_NAME), cluster.is_chief)
+    writer = ChiefWriter(model_dir, cluster.is_chief)
     writer.save_model(model)
     path = writer.write_json("metrics.json", metrics)
     if path:

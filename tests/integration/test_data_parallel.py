@@ -21,6 +21,7 @@ COMMON = ["digits_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
           "--global-batch-size", "64", "--learning-rate", "0.1", "--verbose", "0",
           "--threads", "1"]
 RTOL, ATOL = 1e-5, 1e-6
+CHIEF_FILES = ["backup", "history.csv", "metrics.json", "model.keras"]
 
 
 def _train(tmp, name, extra, launch_n=0):
@@ -87,7 +88,9 @@ def test_multi_worker_evaluate_and_predict_equal_single(runs):
 
 def test_only_chief_writes_model_dir(runs):
     _, model_dir, proc = runs["multi_worker"]
-    assert sorted(os.listdir(model_dir)) == ["metrics.json", "model.keras"]
+    assert sorted(os.listdir(model_dir)) == CHIEF_FILES
+    assert sorted(os.listdir(os.path.join(model_dir, "backup"))) == [
+        "ckpt-0000000022.npz", "ckpt-0000000044.npz"]
     # The chief logs; worker 1 prints no tfdist lines.
     assert "[worker 0] tfdist: recipe=digits_mlp strategy=multi_worker num_replicas=2" in proc.stdout
     assert "[worker 1] tfdist:" not in proc.stdout
@@ -102,7 +105,7 @@ def test_readme_multi_worker_command_trains_digits(tmp_path):
                    "tfdist.train", "digits_mlp", "--strategy", "multi_worker", "--epochs", "2",
                    "--seed", "0", "--model-dir", model_dir])
     assert proc.returncode == 0, tail(proc)
-    assert sorted(os.listdir(model_dir)) == ["metrics.json", "model.keras"]
+    assert sorted(os.listdir(model_dir)) == CHIEF_FILES
     assert proc.stdout.count("wrote ") == 1 and "[worker 0] tfdist: test" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert metrics["num_replicas"] == 2 and metrics["global_batch_size"] == 64

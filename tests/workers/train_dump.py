@@ -1,25 +1,76 @@
 """Test worker: trains like `python -m tfdist.train`, then dumps what it ended with.
 
-    python tests/workers/train_dump.py DUMP_DIR RECIPE [--key value ...]
+    python tests/workers/train_dump.py DUMP_DIR [FAULT OPTIONS] RECIPE [--key value ...]
 
 Writes DUMP_DIR/worker{INDEX}.npz with the final weights, the test-set
 predictions and the evaluation, so tests can compare strategies and workers.
 The dump dir is the test's, never the model dir (which only the chief writes).
+
+Fault options (real faults, for the fault-tolerance tests):
+    --step-delay-ms MS       sleep after each step, so a test can act mid-epoch
+    --kill-worker I --kill-at-step N --marker PATH
+                             worker I SIGKILLs itself after its Nth step of this
+                             process, once: PATH records that it happened.
 """
 
 import os
+import signal
 import sys
+import time
 
 import numpy as np
+
+FAULT_FLAGS = {"--step-delay-ms": float, "--kill-worker": int, "--kill-at-step": int,
+               "--marker": str}
+
+
+def _fault_callback(opts, worker_index):
+    import keras
+
+    class Fault(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if opts.get("--step-delay-ms"):
+                time.sleep(opts["--step-delay-ms"] / 1000)
+            marker = opts.get("--marker")
+            if (opts.get("--kill-worker") == worker_index and self.steps == opts["--kill-at-step"]
+                    and marker and not os.path.exists(marker)):
+                open(marker, "w").close()
+                print(f"FAULT: worker {worker_index} SIGKILLs itself at step {self.steps}",
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return Fault()
 
 
 def main():
     dump_dir, argv = sys.argv[1], sys.argv[2:]
+    opts = {}
+    while argv and argv[0] in FAULT_FLAGS:
+        opts[argv[0]] = FAULT_FLAGS[argv[0]](argv[1])
+        argv = argv[2:]
     from tfdist import cluster, data, trainer
     from tfdist.train import parse
 
     recipe, cfg = parse(argv)
-    result = trainer.train(recipe, cfg, cluster.detect())
+    info = cluster.detect()
+    try:
+        result = trainer.train(recipe, cfg, info, callbacks=[_fault_callback(opts, info.worker_index)])
+    except Exception as e:
+        # Same statuses and messages as `python -m tfdist.train`.
+        from tfdist import exit_codes
+        from tfdist.errors import ConfigError, PeerLostError
+
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, trainer.Preempted):
+            sys.exit(exit_codes.PREEMPTED)
+        if isinstance(e, PeerLostError):
+            sys.exit(exit_codes.PEER_LOST)
+        if isinstance(e, ConfigError):
+            sys.exit(exit_codes.CONFIG)
+        raise
     test = data.prepare(recipe.build_dataset(cfg, "test"), cfg["global_batch_size"],
                         num_workers=result.cluster.num_workers, training=False)
     preds = result.model.predict(test.map(lambda x, y: x), verbose=0)

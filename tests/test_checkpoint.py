@@ -1,0 +1,138 @@
+"""Chief-only writer, atomic writes and the backup format (no cluster needed)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, atomic_path, signature
+from tfdist.errors import CheckpointError
+from tfdist.trainer import describe_peer_failure
+from tfdist.cluster import detect
+
+
+class Var:
+    """Stands in for a Keras variable: value, path, shape, dtype."""
+
+    def __init__(self, path, value):
+        self.path, self.value = path, np.asarray(value, dtype="float32")
+        self.shape, self.dtype = self.value.shape, self.value.dtype
+
+    def numpy(self):
+        return self.value
+
+    def assign(self, value):
+        assert value.shape == self.value.shape
+        self.value = np.array(value)
+
+
+def _vars(scale=1.0, shape=(2, 3)):
+    return ([Var("dense/kernel", np.full(shape, scale)), Var("dense/bias", [scale] * shape[1])],
+            [Var("sgd/iteration", 7.0 * scale)])
+
+
+META = {"recipe": "digits_mlp", "num_replicas": 2, "global_batch_size": 64}
+
+
+def _expected(model, opt, **over):
+    return {**META, "model_signature": signature(model),
+            "optimizer_signature": signature(opt), **over}
+
+
+def test_atomic_path_leaves_nothing_on_error(tmp_path):
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(str(target)) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("crash mid-write")
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_non_chief_writes_nothing(tmp_path):
+    assert ChiefWriter(str(tmp_path), is_chief=False).write_json("m.json", {}) is None
+    model, opt = _vars()
+    assert BackupStore(str(tmp_path), is_chief=False).save(TrainState(), model, opt, META) is None
+    assert os.listdir(tmp_path) == []
+    path = ChiefWriter(str(tmp_path), is_chief=True).write_json("m.json", {"a": 1})
+    assert json.load(open(path)) == {"a": 1} and os.stat(path).st_mode & 0o044
+
+
+def test_save_load_restore_roundtrip_and_keep(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True, keep=2)
+    model, opt = _vars(1.0)
+    for step in (5, 10, 15):
+        state = TrainState(epoch=step // 10, step_in_epoch=step % 10, global_step=step,
+                           history={"loss": [1.0]})
+        model[0].value = np.full((2, 3), float(step))
+        store.save(state, model, opt, META)
+    assert [os.path.basename(p) for p in store.paths()] == [
+        "ckpt-0000000010.npz", "ckpt-0000000015.npz"]
+    record, arrays = store.load(store.latest())
+    store.check_compatible(store.latest(), record, _expected(model, opt))
+    assert record["state"] == {"epoch": 1, "step_in_epoch": 5, "global_step": 15,
+                               "history": {"loss": [1.0]}}
+    fresh, fresh_opt = _vars(0.0)
+    store.restore(arrays, fresh, fresh_opt)
+    np.testing.assert_array_equal(fresh[0].value, np.full((2, 3), 15.0))
+    assert float(fresh_opt[0].value) == 7.0
+
+
+def test_truncated_backup_is_a_clear_error(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars()
+    path = store.save(TrainState(global_step=3), model, opt, META)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=rf"Backup {path} is corrupt or truncated "
+                                              r"\(BadZipFile.*--no-resume"):
+        store.load(path)
+
+
+def test_flipped_bytes_fail_the_checksum(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars()
+    path = store.save(TrainState(global_step=3), model, opt, META)
+    record, arrays = store.load(path)
+    arrays["model_0"][0, 0] += 1  # rewrite one value, keeping the old digest
+    arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    with pytest.raises(CheckpointError, match="do not match the SHA-256"):
+        store.load(path)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"recipe": "synthetic_cnn"},
+     r"written with recipe='digits_mlp' but this run has recipe='synthetic_cnn'"),
+    ({"num_replicas": 1}, r"written with num_replicas=2 but this run has num_replicas=1"),
+    ({"global_batch_size": 32}, r"global_batch_size=64 but this run has global_batch_size=32"),
+])
+def test_foreign_backup_is_refused(tmp_path, over, message):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars()
+    path = store.save(TrainState(), model, opt, META)
+    record, _ = store.load(path)
+    with pytest.raises(CheckpointError, match=message):
+        store.check_compatible(path, record, _expected(model, opt, **over))
+
+
+def test_model_shape_mismatch_is_refused(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars()
+    path = store.save(TrainState(), model, opt, META)
+    record, _ = store.load(path)
+    bigger, bigger_opt = _vars(shape=(2, 4))
+    with pytest.raises(CheckpointError, match=r"model variable 'dense/kernel' has shape \[2, 4\] "
+                                              r"\(float32\) here but \[2, 3\] \(float32\)"):
+        store.check_compatible(path, record, _expected(bigger, bigger_opt))
+
+
+def test_describe_peer_failure_names_the_other_worker():
+    info = detect({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}, '
+                                '"task": {"type": "worker", "index": 0}}'})
+    msg = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+           "information from remote target /job:worker/replica:0/task:1 while calling ...")
+    assert describe_peer_failure(msg, info) == "worker 1 (127.0.0.1:5001)"
+    assert describe_peer_failure("/job:worker/replica:0/task:0/device:CPU:0 only", info) is None

@@ -1,0 +1,105 @@
+"""Keras callbacks tfdist adds to `fit`: backups, preemption, chief-only logs.
+
+Keras 3's own ModelCheckpoint, BackupAndRestore, TensorBoard and CSVLogger
+write on every worker; these write through the chief-only, atomic paths of
+`tfdist.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+from tfdist.checkpoint import BackupStore, TrainState, atomic_write_text
+
+
+def _keras_callback():
+    import keras
+
+    return keras.callbacks.Callback
+
+
+def make_backup_callback(store: BackupStore, state: TrainState, meta: dict, *,
+                         steps_per_epoch: int, save_every_steps: int = 0,
+                         watcher=None, agree=None, check_every: int = 1):
+    """A callback that keeps `state` current and saves backups.
+
+    Saves at every epoch end, every `save_every_steps` steps (0: never
+    mid-epoch), and when preemption is agreed (then it stops training and sets
+    `callback.preempted`).
+
+    Args:
+        store: Where backups go (the chief writes).
+        state: Mutated in place as training advances.
+        meta: Run identity recorded in each backup.
+        steps_per_epoch: Steps in one full epoch.
+        save_every_steps: Mid-epoch backup period in steps.
+        watcher: A PreemptionWatcher, or None.
+        agree: `agree(flag) -> bool`, True on all workers if any is flagged.
+        check_every: Steps between preemption agreements.
+    """
+    base = _keras_callback()
+
+    class BackupCallback(base):
+        def __init__(self):
+            super().__init__()
+            self.preempted = False
+            self.last_path = None
+
+        def _save(self):
+            self.last_path = store.save(state, self.model.variables,
+                                        self.model.optimizer.variables, meta) or self.last_path
+
+        def on_train_batch_end(self, batch, logs=None):
+            state.global_step += 1
+            state.step_in_epoch += 1
+            if watcher is not None and state.global_step % check_every == 0:
+                if (agree or (lambda f: f))(watcher.requested):
+                    self.preempted = True
+                    self._save()
+                    self.model.stop_training = True
+                    return
+            if (save_every_steps and state.global_step % save_every_steps == 0
+                    and state.step_in_epoch < steps_per_epoch):
+                self._save()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.preempted or state.step_in_epoch < steps_per_epoch:
+                return  # stopped mid-epoch: the epoch is not complete
+            for key, value in (logs or {}).items():
+                state.history.setdefault(key, []).append(float(value))
+            state.epoch += 1
+            state.step_in_epoch = 0
+            self._save()
+
+    return BackupCallback()
+
+
+def make_csv_logger(path: str, is_chief: bool, state: TrainState):
+    """Chief-only CSV of the per-epoch history, rewritten atomically each epoch."""
+    base = _keras_callback()
+
+    class CSVHistory(base):
+        def on_epoch_end(self, epoch, logs=None):
+            if not is_chief or not state.history:
+                return
+            keys = sorted(state.history)
+            buf = io.StringIO()
+            writer = csv.writer(buf)
+            writer.writerow(["epoch", *keys])
+            for i in range(len(state.history[keys[0]])):
+                writer.writerow([i, *(state.history[k][i] for k in keys)])
+            atomic_write_text(path, buf.getvalue())
+
+    return CSVHistory()
+
+
+def make_tensorboard(log_dir: str, is_chief: bool):
+    """Keras's TensorBoard callback on the chief; None elsewhere."""
+    if not is_chief:
+        return None
+    import keras
+
+    os.makedirs(log_dir, exist_ok=True)
+    return keras.callbacks.TensorBoard(log_dir=log_dir)

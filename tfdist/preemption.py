@@ -1,0 +1,53 @@
+"""Preemption: turn SIGTERM into "save a backup at the next step boundary".
+
+The signal handler only sets a flag. Workers then agree, at the same step on
+every worker, whether any of them was signalled (a tiny all-reduce every
+`check_every` steps), so all stop after the same step and the chief's backup
+is consistent; stopping on one worker alone would leave the others blocked in
+the next collective.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+
+class PreemptionWatcher:
+    """Records that SIGTERM (or the given signals) arrived.
+
+    Args:
+        signals: Signals that mean "save and exit".
+    """
+
+    def __init__(self, signals=(signal.SIGTERM,)):
+        self.requested = False
+        self.signum: int | None = None
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in signals:
+                self._old[s] = signal.signal(s, self._handle)
+
+    def _handle(self, signum, _frame):
+        self.requested = True
+        self.signum = signum
+
+    def uninstall(self) -> None:
+        """Restores the previous handlers."""
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+        self._old = {}
+
+
+def any_worker(strategy, flag: bool) -> bool:
+    """True on every worker when `flag` is True on at least one of them.
+
+    A collective under MultiWorkerMirroredStrategy; a no-op otherwise.
+    """
+    import tensorflow as tf
+
+    if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode()):
+        return flag
+    value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
