@@ -14,7 +14,7 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    "strategy": "auto",          # auto | single | mirrored | multi_worker
+    "strategy": "auto",          # auto | single | mirrored | multi_worker | model_parallel | pipeline
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
     "learning_rate": 0.05,
@@ -32,6 +32,8 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
     "steps_per_epoch": 0,        # 0: one pass over the data
     "verbose": 1,                # Keras progress (chief only): 0, 1 or 2
+    "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
+    "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
 }
 
 _TRUE = {"1", "true", "yes", "on"}
