@@ -14,7 +14,7 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    "strategy": "auto",          # auto | single | mirrored | multi_worker
+    "strategy": "auto",          # auto | single | mirrored | multi_worker | model_parallel | pipeline
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
     "learning_rate": 0.05,
@@ -38,6 +38,8 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "preempt_check_steps": 1,    # steps between workers' agreement on a SIGTERM
     "csv_log": True,             # chief writes MODEL_DIR/history.csv each epoch
     "tensorboard": False,        # chief writes TensorBoard logs to MODEL_DIR/logs
+    "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
+    "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
 }
 
 _TRUE = {"1", "true", "yes", "on"}

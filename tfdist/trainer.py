@@ -72,6 +72,12 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
     if cfg["strategy"] in ("multi_worker", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
+    if cfg["strategy"] in ("model_parallel", "pipeline"):
+        from tfdist.model_parallel import plan
+
+        plan.microbatch_size(cfg["global_batch_size"], cfg["microbatches"])
+        if cfg["placement"]:
+            plan.parse_placement(cfg["placement"])
 
 
 _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
@@ -154,7 +160,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
 
     options = strategies.StrategyOptions(
         devices=cfg["devices"] or None, collective=cfg["collective"],
-        timeout_s=cfg["collective_timeout_s"])
+        timeout_s=cfg["collective_timeout_s"], microbatches=cfg["microbatches"],
+        placement=cfg["placement"])
     name = strategies.resolve_name(cfg["strategy"], cluster, options.devices, gpu_count())
     strategy = strategies.build_strategy(name, cluster, options)
     replicas = strategy.num_replicas_in_sync
@@ -181,7 +188,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     _log(cluster, f"input sharding: AutoShardPolicy.{policy}; {steps_per_epoch} steps per epoch")
 
     with strategy.scope():
-        model = recipe.build_model(cfg)
+        model = strategies.transform_model(name, recipe.build_model(cfg), options)
         optimizer = _build_optimizer(cfg, lr)
         compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
         model.compile(optimizer=optimizer, **compile_kwargs)

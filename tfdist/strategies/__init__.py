@@ -16,6 +16,8 @@ REGISTRY: dict[str, str] = {
     "single": "tfdist.strategies.single",
     "mirrored": "tfdist.strategies.mirrored",
     "multi_worker": "tfdist.strategies.multi_worker",
+    "model_parallel": "tfdist.strategies.model_parallel",
+    "pipeline": "tfdist.strategies.pipeline",
 }
 ALIASES = ("auto",)
 
@@ -28,11 +30,16 @@ class StrategyOptions:
         devices: Local replicas (GPUs, else logical CPUs); None for all.
         collective: MWMS collective implementation: "auto", "ring", "nccl".
         timeout_s: Collective timeout in seconds, so a dead peer ends the job.
+        microbatches: Micro-batches per batch (pipeline).
+        placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
+            pipeline); empty for an even split over `devices`.
     """
 
     devices: int | None = None
     collective: str = "auto"
     timeout_s: float | None = 300.0
+    microbatches: int = 1
+    placement: str = ""
 
 
 def valid_names() -> list[str]:
@@ -91,5 +98,15 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
     return module.build(cluster, options)
 
 
+def transform_model(name: str, model, options: StrategyOptions | None = None):
+    """The adapter's model transformation (model/pipeline parallelism split the model).
+
+    Adapters without a `transform_model` return `model` unchanged.
+    """
+    module = importlib.import_module(REGISTRY[name])
+    hook = getattr(module, "transform_model", None)
+    return hook(model, options or StrategyOptions()) if hook else model
+
+
 __all__ = ["REGISTRY", "StrategyOptions", "build_strategy", "check_name", "resolve_name",
-           "valid_names"]
+           "transform_model", "valid_names"]

@@ -1,0 +1,48 @@
+"""`model_parallel`: the model's layers split over local devices, one stage at a time.
+
+Naive model parallelism: contiguous layer groups on devices (an even split over
+`--devices`, or `--placement 'a,b=/cpu:0;c=/cpu:1'`), variables and compute
+(forward and backward) of each group on its device. Only one device works at
+a time; `pipeline` overlaps them with micro-batches. One process, one replica.
+"""
+
+from __future__ import annotations
+
+from tfdist.errors import ConfigError
+
+
+def build(cluster, options):
+    """The default strategy (one replica); the split happens in `transform_model`.
+
+    Raises:
+        ConfigError: on a multi-worker cluster (model parallelism here is one process).
+    """
+    import tensorflow as tf
+
+    if cluster is not None and cluster.is_multi_worker:
+        raise ConfigError(f"Model and pipeline parallelism run in one process; this job has "
+                          f"{cluster.num_workers} workers (from {cluster.source}). Run one "
+                          f"process and split the model over its --devices.")
+    return tf.distribute.get_strategy()
+
+
+def transform_model(model, options, microbatches: int = 1):
+    """Splits `model` into placed stages and prints the placement table.
+
+    Args:
+        model: The recipe's built (uncompiled) Keras model, a chain of layers.
+        options: StrategyOptions (devices, placement).
+        microbatches: Micro-batches per batch (1: naive model parallelism).
+
+    Returns:
+        A `tfdist.model_parallel.pipeline` PipelineModel with `model`'s weights.
+    """
+    from tfdist.model_parallel import pipeline, placement, plan
+    from tfdist.strategies.devices import local_devices
+
+    devices = None if options.placement else local_devices(options.devices)
+    split = pipeline.split(model, devices, options.placement, microbatches)
+    table = plan.format_placement(placement.placement_rows(split.pipeline_layers))
+    print(f"tfdist: placement of {model.name!r} over {len(split.stage_devices)} stage(s), "
+          f"{microbatches} micro-batch(es) per batch\n{table}", flush=True)
+    return split

@@ -1,0 +1,28 @@
+"""`pipeline`: model-parallel stages fed with micro-batches (GPipe schedule).
+
+Like `model_parallel`, with each batch split into `--microbatches M` equal
+micro-batches that flow through the stages so that devices overlap; gradients
+are summed over the micro-batches and applied once per batch. The idle
+fraction of each step is about (p - 1) / (M + p - 1) for p balanced stages;
+`python -m tfdist.bench pipeline` measures it.
+"""
+
+from __future__ import annotations
+
+from tfdist.strategies import model_parallel
+
+
+def build(cluster, options):
+    """The default strategy (one replica); see `model_parallel.build`."""
+    return model_parallel.build(cluster, options)
+
+
+def transform_model(model, options):
+    """Splits `model` into stages trained with `options.microbatches` micro-batches."""
+    from tfdist.model_parallel import plan
+
+    split = model_parallel.transform_model(model, options, options.microbatches)
+    p = len(split.stage_devices)
+    print(f"tfdist: pipeline p={p} m={options.microbatches} theoretical bubble "
+          f"{plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
+    return split
