@@ -20,8 +20,13 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "learning_rate": 0.05,
     "lr_scaling": "none",        # none | linear | sqrt, relative to base_batch_size
     "base_batch_size": 0,        # batch the learning rate was tuned for (0: global_batch_size)
-    "optimizer": "sgd",          # any keras.optimizers name
-    "momentum": 0.0,             # for sgd
+    "optimizer": "sgd",          # any keras.optimizers name: sgd, adam, adamw, lamb, ...
+    "momentum": 0.0,             # for optimizers that take it (sgd, rmsprop)
+    "warmup_steps": 0,           # linear LR warmup over this many optimizer steps
+    "lr_schedule": "constant",   # constant | inverse_sqrt (= noam): decay after warmup
+    "clipnorm": 0.0,             # clip by global norm, after the cross-replica reduction
+    "accumulate": 1,             # gradient accumulation: update every K micro-batches
+    "precision": "float32",      # float32 | mixed_float16 (loss-scaled) | mixed_bfloat16
     "seed": 0,
     "devices": 0,                # local replicas (logical CPUs without GPUs); 0: all/auto
     "model_dir": "",             # default: runs/RECIPE

@@ -22,7 +22,7 @@ import sys
 import time
 
 from tfdist import cluster as cluster_lib
-from tfdist import data, strategies
+from tfdist import data, optim, strategies
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
 from tfdist.errors import PeerLostError
 
@@ -65,8 +65,10 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
             bad scaling rule.
     """
     strategies.check_name(cfg["strategy"])
-    data.scale_learning_rate(cfg["learning_rate"], cfg["global_batch_size"],
-                             cfg["base_batch_size"] or cfg["global_batch_size"], cfg["lr_scaling"])
+    optim.check(cfg)
+    effective = cfg["global_batch_size"] * cfg["accumulate"]
+    data.scale_learning_rate(cfg["learning_rate"], effective,
+                             cfg["base_batch_size"] or effective, cfg["lr_scaling"])
     # Replica counts known before TensorFlow starts (CPU-only layouts).
     if cfg["strategy"] == "mirrored" and cfg["devices"] > 1:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
@@ -114,15 +116,6 @@ def _log(cluster, message: str) -> None:
         print(f"tfdist: {message}", flush=True)
 
 
-def _build_optimizer(cfg, lr):
-    import keras
-
-    opt_config = {"learning_rate": lr}
-    if cfg["optimizer"] == "sgd":
-        opt_config["momentum"] = cfg["momentum"]
-    return keras.optimizers.get({"class_name": cfg["optimizer"], "config": opt_config})
-
-
 def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     """Trains `recipe` as configured by `cfg` on the discovered cluster.
 
@@ -157,6 +150,9 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     if cfg["deterministic"]:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(cfg["seed"])
+    # float16 compute needs loss scaling: Keras's compile wraps the optimizer in
+    # a LossScaleOptimizer for "mixed_float16"; bfloat16 has float32's range.
+    keras.mixed_precision.set_global_policy(cfg["precision"])
 
     options = strategies.StrategyOptions(
         devices=cfg["devices"] or None, collective=cfg["collective"],
@@ -167,13 +163,16 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     replicas = strategy.num_replicas_in_sync
     gbs = cfg["global_batch_size"]
     per_replica = data.per_replica_batch_size(gbs, replicas)
-    lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
-                                  cfg["lr_scaling"])
+    # With accumulation one optimizer step sees `accumulate` global batches.
+    effective = gbs * cfg["accumulate"]
+    lr = data.scale_learning_rate(cfg["learning_rate"], effective,
+                                  cfg["base_batch_size"] or effective, cfg["lr_scaling"])
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
     _log(cluster, f"recipe={recipe.RECIPE_NAME} strategy={name} num_replicas={replicas} "
                   f"workers={cluster.num_workers} source={cluster.source} "
                   f"global_batch_size={gbs} per_replica_batch_size={per_replica} "
-                  f"learning_rate={lr:g} model_dir={model_dir}")
+                  f"learning_rate={lr:g} accumulate={cfg['accumulate']} "
+                  f"precision={cfg['precision']} model_dir={model_dir}")
 
     def train_dataset(skip_batches=0, repeat=True):
         return data.prepare(recipe.build_dataset(cfg, "train"), gbs,
@@ -189,9 +188,10 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
 
     with strategy.scope():
         model = strategies.transform_model(name, recipe.build_model(cfg), options)
-        optimizer = _build_optimizer(cfg, lr)
+        optimizer = optim.build_optimizer(cfg, lr)
         compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
         model.compile(optimizer=optimizer, **compile_kwargs)
+        optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
         # Keras builds optimizers lazily; build now so a backup can fill its slots.
         optimizer.build(model.trainable_variables)
 
@@ -264,6 +264,12 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         "num_workers": cluster.num_workers,
         "global_batch_size": gbs,
         "learning_rate": lr,
+        "optimizer": cfg["optimizer"],
+        "accumulate": cfg["accumulate"],
+        "effective_batch_size": effective,
+        "clipnorm": cfg["clipnorm"],
+        "precision": cfg["precision"],
+        "loss_scaling": type(optimizer).__name__ == "LossScaleOptimizer",
         "shard_policy": policy,
         "epochs": cfg["epochs"],
         "steps_per_epoch": steps_per_epoch,
