@@ -14,7 +14,7 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    "strategy": "auto",          # auto | single | mirrored | multi_worker
+    "strategy": "auto",          # auto | single | mirrored | multi_worker | horovod
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
     "learning_rate": 0.05,
@@ -32,6 +32,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
     "steps_per_epoch": 0,        # 0: one pass over the data
     "verbose": 1,                # Keras progress (chief only): 0, 1 or 2
+    "warmup_epochs": 0.0,        # horovod: ramp lr from lr/size up to lr over these epochs
 }
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -47,12 +47,13 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
             bad scaling rule.
     """
     strategies.check_name(cfg["strategy"])
+    strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
     data.scale_learning_rate(cfg["learning_rate"], cfg["global_batch_size"],
                              cfg["base_batch_size"] or cfg["global_batch_size"], cfg["lr_scaling"])
     # Replica counts known before TensorFlow starts (CPU-only layouts).
     if cfg["strategy"] == "mirrored" and cfg["devices"] > 1:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
-    if cfg["strategy"] in ("multi_worker", "auto") and cluster.is_multi_worker:
+    if cfg["strategy"] in ("multi_worker", "horovod", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
 
 
@@ -109,7 +110,8 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
         timeout_s=cfg["collective_timeout_s"])
     name = strategies.resolve_name(cfg["strategy"], cluster, options.devices, gpu_count())
     strategy = strategies.build_strategy(name, cluster, options)
-    replicas = strategy.num_replicas_in_sync
+    hooks = strategies.build_hooks(name, cluster, options)  # Horovod: ranks, shard, optimizer
+    replicas = hooks.num_replicas(strategy)
     gbs = cfg["global_batch_size"]
     per_replica = data.per_replica_batch_size(gbs, replicas)
     lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
@@ -121,11 +123,14 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
 
     train_ds = data.prepare(recipe.build_dataset(cfg, "train"), gbs,
                             num_workers=cluster.num_workers, training=True,
-                            shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"])
+                            shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"],
+                            shard_by=hooks.input_shard())
     test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs,
                            num_workers=cluster.num_workers, training=False)
     policy = train_ds.options().experimental_distribute.auto_shard_policy.name
-    _log(cluster, f"input sharding: AutoShardPolicy.{policy}")
+    if hooks.input_shard():  # the adapter's processes each read their own slice
+        policy = "RANK"
+    _log(cluster, f"input sharding: {policy if policy == 'RANK' else 'AutoShardPolicy.' + policy}")
 
     with strategy.scope():
         model = recipe.build_model(cfg)
@@ -133,6 +138,7 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
         if cfg["optimizer"] == "sgd":
             opt_config["momentum"] = cfg["momentum"]
         optimizer = keras.optimizers.get({"class_name": cfg["optimizer"], "config": opt_config})
+        optimizer = hooks.wrap_optimizer(optimizer)
         compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
         model.compile(optimizer=optimizer, **compile_kwargs)
 
@@ -141,7 +147,7 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
     history = model.fit(train_ds, epochs=cfg["epochs"],
                         steps_per_epoch=cfg["steps_per_epoch"] or None,
                         verbose=cfg["verbose"] if cluster.is_chief else 0,
-                        callbacks=[counter], shuffle=False)  # shuffling is data.prepare's job
+                        callbacks=[*hooks.callbacks(cfg, lr), counter], shuffle=False)  # shuffling is data.prepare's job
     wall = time.perf_counter() - start
     evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
 
