@@ -2,18 +2,22 @@
 
 Upstream (horovod 0.28.1, the newest release; Keras 3.15.1):
 
-1. horovod#4290: `horovod.tensorflow.broadcast_variables` and the Keras
-   `BroadcastGlobalVariablesCallback` fail on Keras 3 variables with
-   `AttributeError: 'Variable' object has no attribute 'ref'` (they key
-   variables by `tf.Variable.ref()`, which Keras 3's Variable lacks).
-   tfdist broadcasts each variable's value instead (`tfdist.horovod.broadcast`).
-2. Horovod's `DistributedOptimizer` averages gradients in
+1. horovod#4290: the Keras `BroadcastGlobalVariablesCallback` fails on
+   Keras 3 models with `AttributeError: 'Variable' object has no attribute
+   'ref'` (it keys variables by `tf.Variable.ref()`, which Keras 3's Variable
+   lacks). `horovod.tensorflow.broadcast_variables` on Keras 3 variables fails
+   too, differently: inside its tf.function the variable arrives as a tensor
+   (`'SymbolicTensor' object has no attribute 'assign'`). tfdist broadcasts
+   each variable's value and assigns it back (`tfdist.horovod.broadcast`).
+2. `horovod.tensorflow.keras.DistributedOptimizer` builds fine on a Keras 3
+   optimizer, but it averages gradients in
    `_aggregate_gradients`, a hook of the Keras 2 optimizer (optimizer_v2).
    Keras 3's optimizers never call it, so a wrapped Keras 3 optimizer applies
    each rank's own gradients: ranks drift apart, silently. tfdist allreduces
    in Keras 3's `_clip_gradients` step instead (`tfdist.horovod.optimizer`).
 
-Both are shown with real `horovodrun` ranks in tests/compat/test_horovod_upstream.py.
+All three are shown with real `horovodrun` ranks (tests/workers/hvd_checks.py,
+checks `upstream_*`, run by tests/integration/test_horovod.py).
 `check_optimizer_hook` guards the one Keras internal tfdist relies on, so
 that a Keras that moves it fails loudly instead of training un-averaged.
 """
