@@ -39,6 +39,19 @@ if ! [ -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 PIP="$VENV/bin/python -m pip"
+
+# Fast path: the venv already holds exactly these versions.
+if "$VENV/bin/python" - "$HOROVOD_VERSION" "$TF_VERSION" "$KERAS_VERSION" <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+want = dict(zip(("horovod", "tensorflow-cpu", "keras"), sys.argv[1:]))
+sys.exit(any(version(name) != v for name, v in want.items()))
+PYEOF
+then
+  "$VENV/bin/horovodrun" --check-build
+  echo "install_horovod.sh: ready (cached): $VENV"
+  exit 0
+fi
 $PIP install -q "tensorflow-cpu==$TF_VERSION" "keras==$KERAS_VERSION" \
   setuptools wheel cloudpickle psutil pyyaml packaging scikit-learn
 
