@@ -87,3 +87,19 @@ def test_tfrecord_files(tmp_path):
         (tmp_path / name).write_bytes(b"")
     assert [p.rsplit("/", 1)[1] for p in data.tfrecord_files(str(tmp_path), "train")] == [
         "train-0.tfrecord", "train-1.tfrecord"]
+
+
+def test_shard_by_rank_slices_every_global_batch_evenly():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(23)  # 2 full global batches of 8, 7 left over
+    shards = [list(data.prepare(ds, 8, shard_by=(4, i), training=True).as_numpy_iterator())
+              for i in range(4)]
+    assert all(len(s) == 2 for s in shards)  # every rank runs the same steps
+    for step in range(2):
+        together = np.concatenate([s[step] for s in shards])
+        np.testing.assert_array_equal(together, np.arange(8 * step, 8 * step + 8))
+    with pytest.raises(ConfigError, match="shard_by needs training=True"):
+        data.prepare(ds, 8, shard_by=(4, 0), training=False)
+    with pytest.raises(ConfigError, match="not divisible by num_replicas=3"):
+        data.prepare(ds, 8, shard_by=(3, 0))

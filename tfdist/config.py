@@ -14,7 +14,8 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    "strategy": "auto",          # auto | single | mirrored | multi_worker | model_parallel | pipeline
+    # auto | single | mirrored | multi_worker | horovod | model_parallel | pipeline
+    "strategy": "auto",
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
     "learning_rate": 0.05,
@@ -45,6 +46,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "tensorboard": False,        # chief writes TensorBoard logs to MODEL_DIR/logs
     "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
     "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
+    "warmup_epochs": 0.0,        # horovod: ramp lr from lr/size up to lr over these epochs
 }
 
 _TRUE = {"1", "true", "yes", "on"}

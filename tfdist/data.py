@@ -139,7 +139,8 @@ def shard(dataset, num_shards: int, index: int):
 
 
 def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: bool = True,
-            shuffle_buffer: int = 0, seed: int = 0, repeat: bool = False, skip_batches: int = 0):
+            shuffle_buffer: int = 0, seed: int = 0, shard_by: tuple[int, int] | None = None,
+            repeat: bool = False, skip_batches: int = 0):
     """Batches a recipe's examples at the global batch size for `fit`.
 
     Args:
@@ -152,6 +153,11 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
         shuffle_buffer: Shuffle buffer; the seed is the same on every worker,
             so every worker sees the same order before sharding.
         seed: Shuffle seed.
+        shard_by: (num_shards, index) for processes TensorFlow does not
+            distribute (Horovod ranks): each global batch is cut into
+            `num_shards` equal slices and this process keeps slice `index`, so
+            the shards of one step are together exactly the global batch, and
+            every process runs the same number of steps.
         repeat: Repeat epochs forever (the caller sets steps_per_epoch). Each
             epoch is batched on its own, so no batch spans two epochs.
         skip_batches: Global batches to skip first: the data position of a
@@ -169,6 +175,14 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
     if training and shuffle_buffer > 0:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(global_batch_size, drop_remainder=training)
+    if shard_by is not None:
+        if not training:
+            raise ConfigError("shard_by needs training=True (full global batches); evaluate "
+                              "the whole test set on every process instead.")
+        num_shards, index = shard_by
+        # Every global batch is full (drop_remainder), so its slices are equal.
+        ds = ds.unbatch().batch(per_replica_batch_size(global_batch_size, num_shards))
+        ds = shard(ds, num_shards, index)
     if repeat:
         ds = ds.repeat()
     if skip_batches:

@@ -6,6 +6,7 @@ Launch modes:
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
     TF_CONFIG='{"cluster": ..., "task": ...}' python -m tfdist.train digits_mlp   # each host
     srun python -m tfdist.train digits_mlp          # each task of a Slurm step
+    horovodrun -np 4 -H localhost:4 --gloo python -m tfdist.train digits_mlp --strategy horovod
 
 RECIPE is a name from recipes/ or a path to a recipe file; `--help` lists its
 options. Every bad option fails here, before TensorFlow starts.

@@ -65,6 +65,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
             bad scaling rule.
     """
     strategies.check_name(cfg["strategy"])
+    strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
     optim.check(cfg)
     effective = cfg["global_batch_size"] * cfg["accumulate"]
     data.scale_learning_rate(cfg["learning_rate"], effective,
@@ -72,7 +73,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     # Replica counts known before TensorFlow starts (CPU-only layouts).
     if cfg["strategy"] == "mirrored" and cfg["devices"] > 1:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
-    if cfg["strategy"] in ("multi_worker", "auto") and cluster.is_multi_worker:
+    if cfg["strategy"] in ("multi_worker", "horovod", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
     if cfg["strategy"] in ("model_parallel", "pipeline"):
         from tfdist.model_parallel import plan
@@ -142,7 +143,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     import tensorflow as tf
 
     from tfdist import callbacks as cb
-    from tfdist.preemption import PreemptionWatcher, any_worker
+    from tfdist.preemption import PreemptionWatcher
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
     cpu_devices = cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0 else None
@@ -160,7 +161,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         placement=cfg["placement"])
     name = strategies.resolve_name(cfg["strategy"], cluster, options.devices, gpu_count())
     strategy = strategies.build_strategy(name, cluster, options)
-    replicas = strategy.num_replicas_in_sync
+    hooks = strategies.build_hooks(name, cluster, options)  # Horovod: ranks, shard, optimizer
+    replicas = hooks.num_replicas(strategy)
     gbs = cfg["global_batch_size"]
     per_replica = data.per_replica_batch_size(gbs, replicas)
     # With accumulation one optimizer step sees `accumulate` global batches.
@@ -178,17 +180,21 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         return data.prepare(recipe.build_dataset(cfg, "train"), gbs,
                             num_workers=cluster.num_workers, training=True,
                             shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"],
+                            shard_by=hooks.input_shard(),
                             repeat=repeat, skip_batches=skip_batches)
 
     steps_per_epoch = cfg["steps_per_epoch"] or data.count_batches(train_dataset(repeat=False))
     test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs,
                            num_workers=cluster.num_workers, training=False)
     policy = test_ds.options().experimental_distribute.auto_shard_policy.name
-    _log(cluster, f"input sharding: AutoShardPolicy.{policy}; {steps_per_epoch} steps per epoch")
+    if hooks.input_shard():  # the adapter's processes each read their own slice
+        policy = "RANK"
+    _log(cluster, f"input sharding: {policy if policy == 'RANK' else 'AutoShardPolicy.' + policy}"
+                  f"; {steps_per_epoch} steps per epoch")
 
     with strategy.scope():
         model = strategies.transform_model(name, recipe.build_model(cfg), options)
-        optimizer = optim.build_optimizer(cfg, lr)
+        optimizer = hooks.wrap_optimizer(optim.build_optimizer(cfg, lr))
         compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
         model.compile(optimizer=optimizer, **compile_kwargs)
         optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
@@ -219,10 +225,12 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     backup_cb = cb.make_backup_callback(
         store, state, meta, steps_per_epoch=steps_per_epoch,
         save_every_steps=cfg["save_every_steps"], watcher=watcher,
-        agree=lambda flag: any_worker(strategy, flag),
+        agree=lambda flag: hooks.any_worker(strategy, flag),
         check_every=max(1, cfg["preempt_check_steps"]))
     counter = _counter()
-    callbacks = [counter, *(callbacks or []), backup_cb]
+    # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
+    # state before anything else runs, and averages metrics before they are recorded.
+    callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []), backup_cb]
     if cfg["csv_log"]:
         callbacks.append(cb.make_csv_logger(os.path.join(model_dir, "history.csv"),
                                             cluster.is_chief, state))

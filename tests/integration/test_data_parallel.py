@@ -21,6 +21,8 @@ COMMON = ["digits_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
           "--global-batch-size", "64", "--learning-rate", "0.1", "--verbose", "0",
           "--threads", "1"]
 RTOL, ATOL = 1e-5, 1e-6
+# Small clip threshold: digits gradients are clipped at almost every step.
+LAMB_CLIP = ["--optimizer", "lamb", "--learning-rate", "0.01", "--clipnorm", "0.5"]
 CHIEF_FILES = ["backup", "history.csv", "metrics.json", "model.keras"]
 
 
@@ -44,6 +46,17 @@ def runs(tmp_path_factory):
         "single": _train(tmp, "single", ["--strategy", "single"]),
         "mirrored": _train(tmp, "mirrored", ["--strategy", "mirrored", "--devices", "2"]),
         "multi_worker": _train(tmp, "mw", ["--strategy", "multi_worker"], launch_n=2),
+        # Techniques: 2 micro-batches of 32 accumulated = one batch of 64.
+        "mirrored_accum": _train(tmp, "macc", ["--strategy", "mirrored", "--devices", "2",
+                                               "--global-batch-size", "32", "--accumulate", "2"]),
+        "multi_worker_accum": _train(tmp, "mwacc", ["--strategy", "multi_worker",
+                                                    "--global-batch-size", "32",
+                                                    "--accumulate", "2"], launch_n=2),
+        "single_lamb_clip": _train(tmp, "slc", ["--strategy", "single", *LAMB_CLIP]),
+        "mirrored_lamb_clip": _train(tmp, "mlc", ["--strategy", "mirrored", "--devices", "2",
+                                                  *LAMB_CLIP]),
+        "mirrored_fp16": _train(tmp, "mfp16", ["--strategy", "mirrored", "--devices", "2",
+                                               "--precision", "mixed_float16"]),
     }
 
 
@@ -125,3 +138,32 @@ def test_tfrecord_files_use_file_sharding(tmp_path):
     assert "input sharding: AutoShardPolicy.FILE" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert metrics["shard_policy"] == "FILE" and metrics["test"]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("key", ["mirrored_accum", "multi_worker_accum"])
+def test_accumulating_two_half_batches_equals_one_full_batch(runs, key):
+    (single,), _, _ = runs["single"]
+    dumps, model_dir, _ = runs[key]
+    for d in dumps:
+        _assert_same_weights(d, single)
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["accumulate"] == 2 and metrics["effective_batch_size"] == 64
+    assert metrics["global_step"] == 2 * 44  # micro-steps: 44 per epoch
+
+
+def test_clipping_acts_on_the_reduced_gradient_lamb(runs):
+    (single,), _, _ = runs["single_lamb_clip"]
+    (mirrored,), model_dir, _ = runs["mirrored_lamb_clip"]
+    _assert_same_weights(mirrored, single)
+    plain, = runs["single"][0]
+    assert not np.allclose(_weights(single)[0], _weights(plain)[0])  # lamb+clip changed the run
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["optimizer"] == "lamb" and metrics["clipnorm"] == 0.5
+
+
+def test_mixed_float16_trains_with_loss_scaling(runs):
+    (fp16,), model_dir, _ = runs["mirrored_fp16"]
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["precision"] == "mixed_float16" and metrics["loss_scaling"] is True
+    assert float(fp16["eval_accuracy"]) > 0.5
+    assert metrics["history"]["loss"][1] < metrics["history"]["loss"][0]

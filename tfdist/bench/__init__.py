@@ -16,4 +16,5 @@ measured side by side in one run.
 SUBCOMMANDS: dict[str, str] = {
     # name -> module; imported lazily so one benchmark's deps never load another's.
     "pipeline": "tfdist.bench.pipeline",
+    "horovod-allreduce": "tfdist.bench.horovod_allreduce",
 }

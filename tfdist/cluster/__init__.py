@@ -3,8 +3,11 @@
 Environments are tried in this order, the first that detects itself wins:
 
 1. ``tf_config``: TF_CONFIG is set (an explicit cluster always wins).
-2. ``slurm``: running as a task of a Slurm job step (`srun`).
-3. ``local``: one process on this machine.
+2. ``horovod``: a rank started by `horovodrun` (HOROVOD_RANK/SIZE) or by
+   OpenMPI's `mpirun` (OMPI_COMM_WORLD_RANK/SIZE). Before Slurm, because a
+   Horovod job inside a Slurm allocation is described by its launcher.
+3. ``slurm``: running as a task of a Slurm job step (`srun`).
+4. ``local``: one process on this machine.
 
 Environment variables are read only in the environment classes.
 """
@@ -15,13 +18,14 @@ import os
 from typing import Mapping
 
 from tfdist.cluster.base import ClusterEnvironment, ClusterInfo
+from tfdist.cluster.horovod import HorovodEnvironment
 from tfdist.cluster.local import LocalEnvironment
 from tfdist.cluster.slurm import SlurmEnvironment
 from tfdist.cluster.tf_config import TFConfigEnvironment
 from tfdist.errors import ClusterError
 
 ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (
-    TFConfigEnvironment, SlurmEnvironment, LocalEnvironment)
+    TFConfigEnvironment, HorovodEnvironment, SlurmEnvironment, LocalEnvironment)
 _BY_NAME = {env.name: env for env in ENVIRONMENTS}
 
 
@@ -31,7 +35,7 @@ def detect(environ: Mapping[str, str] | None = None, source: str = "auto") -> Cl
     Args:
         environ: Environment to read; defaults to `os.environ`.
         source: "auto" to try every environment in order, or one of
-            "tf_config", "slurm", "local" to force it.
+            "tf_config", "horovod", "slurm", "local" to force it.
 
     Returns:
         The ClusterInfo of this process.

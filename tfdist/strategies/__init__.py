@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "multi_worker": "tfdist.strategies.multi_worker",
     "model_parallel": "tfdist.strategies.model_parallel",
     "pipeline": "tfdist.strategies.pipeline",
+    "horovod": "tfdist.strategies.horovod",
 }
 ALIASES = ("auto",)
 
@@ -42,6 +43,55 @@ class StrategyOptions:
     placement: str = ""
 
 
+class Hooks:
+    """What an adapter may change in the trainer; these defaults change nothing.
+
+    An adapter module with a `hooks(cluster, options)` function returns a
+    subclass (Horovod does: its replicas are processes TensorFlow never sees).
+    """
+
+    def num_replicas(self, strategy) -> int:
+        """Replicas that share each global batch."""
+        return strategy.num_replicas_in_sync
+
+    def input_shard(self) -> tuple[int, int] | None:
+        """(num_shards, index) when this process must read only its shard."""
+        return None
+
+    def wrap_optimizer(self, optimizer):
+        """The optimizer to compile with."""
+        return optimizer
+
+    def any_worker(self, strategy, flag: bool) -> bool:
+        """True on every process when `flag` is True on any (preemption agreement)."""
+        from tfdist.preemption import any_worker
+
+        return any_worker(strategy, flag)
+
+    def callbacks(self, cfg: dict, learning_rate: float) -> list:
+        """Extra Keras callbacks for `fit`, run before the trainer's own."""
+        return []
+
+
+def build_hooks(name: str, cluster, options: StrategyOptions | None = None) -> Hooks:
+    """The trainer hooks of a concrete adapter (`Hooks()` when it has none)."""
+    module = importlib.import_module(REGISTRY[name])
+    factory = getattr(module, "hooks", None)
+    return factory(cluster, options or StrategyOptions()) if factory else Hooks()
+
+
+def check_available(name: str) -> None:
+    """Raises ConfigError when an adapter's optional dependency is missing.
+
+    Imports no TensorFlow, so the CLI fails before TensorFlow starts.
+    """
+    check_name(name)
+    if name in REGISTRY:
+        check = getattr(importlib.import_module(REGISTRY[name]), "check_available", None)
+        if check:
+            check()
+
+
 def valid_names() -> list[str]:
     """Names `build_strategy` accepts."""
     return [*ALIASES, *REGISTRY]
@@ -56,12 +106,15 @@ def check_name(name: str) -> None:
 def resolve_name(name: str, cluster, devices: int | None, gpus: int = 0) -> str:
     """Pure function: the concrete adapter name for `name` ("auto" resolved).
 
-    auto -> multi_worker when the cluster has several workers, else mirrored
-    when several local devices are asked for or present, else single.
+    auto -> horovod when `horovodrun` started this process, multi_worker
+    when the cluster has several workers, else mirrored when several local
+    devices are asked for or present, else single.
     """
     check_name(name)
     if name != "auto":
         return name
+    if cluster.source == "horovod":
+        return "horovod"
     if cluster.is_multi_worker:
         return "multi_worker"
     local = devices if devices is not None else gpus
@@ -110,3 +163,5 @@ def transform_model(name: str, model, options: StrategyOptions | None = None):
 
 __all__ = ["REGISTRY", "StrategyOptions", "build_strategy", "check_name", "resolve_name",
            "transform_model", "valid_names"]
+__all__ = ["REGISTRY", "Hooks", "StrategyOptions", "build_hooks", "build_strategy",
+           "check_available", "check_name", "resolve_name", "valid_names"]

@@ -1,0 +1,91 @@
+"""`horovod`: one replica per process, gradients allreduced by Horovod.
+
+Launch (each rank runs the same command)::
+
+    horovodrun -np 4 -H localhost:4 --gloo python -m tfdist.train RECIPE --strategy horovod
+    horovodrun -np 2 -H localhost:2 --mpi python -m tfdist.train RECIPE --strategy horovod
+
+TensorFlow sees one replica (its default strategy); the data parallelism is
+Horovod's, plugged into the trainer through `Hooks`: rank and size come from
+the cluster (tfdist.cluster.horovod), each rank reads its shard of every
+global batch, the optimizer is wrapped, rank 0's initial state is broadcast,
+epoch metrics are averaged, and rank 0 is the chief that writes.
+"""
+
+from __future__ import annotations
+
+from tfdist.errors import ClusterError
+from tfdist.strategies import Hooks
+
+
+def check_available() -> None:
+    """Fails before TensorFlow starts when Horovod is not installed."""
+    from tfdist.horovod import runtime
+
+    runtime.require()
+
+
+def build(cluster, options):
+    """Initialises Horovod, pins this rank's GPU, returns the default strategy.
+
+    Raises:
+        ConfigError: when Horovod is missing.
+        ClusterError: when Horovod's rank/size disagree with the discovered cluster.
+    """
+    import tensorflow as tf
+
+    from tfdist.horovod import runtime
+
+    hvd = runtime.hvd()
+    if (hvd.rank(), hvd.size()) != (cluster.worker_index, cluster.num_workers):
+        raise ClusterError(
+            f"Horovod says rank {hvd.rank()} of {hvd.size()}, but the environment "
+            f"({cluster.source}) says worker {cluster.worker_index} of {cluster.num_workers}.\n"
+            "HINT: start --strategy horovod jobs with `horovodrun` and no TF_CONFIG.")
+    runtime.pin_device(hvd.local_rank())
+    return tf.distribute.get_strategy()
+
+
+class HorovodHooks(Hooks):
+    """The trainer's hooks for Horovod data parallelism."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def num_replicas(self, strategy) -> int:
+        return self.cluster.num_workers
+
+    def input_shard(self):
+        return (self.cluster.num_workers, self.cluster.worker_index)
+
+    def wrap_optimizer(self, optimizer):
+        from tfdist.horovod import DistributedOptimizer
+
+        return DistributedOptimizer(optimizer)
+
+    def any_worker(self, strategy, flag):
+        # One-scalar allreduce so every rank stops for SIGTERM at the same step.
+        import tensorflow as tf
+
+        from tfdist.horovod import runtime
+
+        hvd = runtime.hvd()
+        total = hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=hvd.Sum,
+                              name="tfdist_preemption")
+        return float(total) > 0
+
+    def callbacks(self, cfg, learning_rate):
+        from tfdist.horovod import callbacks
+
+        # Broadcast first, so no other callback sees a rank's own random init.
+        out = [callbacks.BroadcastInitialState(root_rank=0), callbacks.MetricAverage()]
+        if cfg.get("warmup_epochs"):
+            size = self.cluster.num_workers
+            out.append(callbacks.LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"],
+                                                    size=size))
+        return out
+
+
+def hooks(cluster, options) -> Hooks:
+    """The trainer hooks for this cluster."""
+    return HorovodHooks(cluster)
