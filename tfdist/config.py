@@ -14,7 +14,7 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    "strategy": "auto",          # auto | single | mirrored | multi_worker
+    "strategy": "auto",          # auto | single | mirrored | multi_worker | parameter_server
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
     "learning_rate": 0.05,
@@ -32,6 +32,10 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
     "steps_per_epoch": 0,        # 0: one pass over the data
     "verbose": 1,                # Keras progress (chief only): 0, 1 or 2
+    "straggler_delay_ms": 0,     # sleep this long in every step of one worker (sync vs async)
+    "straggler_worker": 0,       # which training worker sleeps (its index among the workers)
+    "ps_shards": 0,              # parameter_server: split big variables over up to N ps tasks
+    "min_shard_bytes": 262144,   # parameter_server: smallest variable shard
 }
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -13,7 +13,7 @@ import sys
 import time
 
 from tfdist import cluster as cluster_lib
-from tfdist import data, strategies
+from tfdist import data, straggler, strategies
 from tfdist.checkpoint import ChiefWriter
 
 
@@ -54,6 +54,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
     if cfg["strategy"] in ("multi_worker", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
+    straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
 
 
 class _Counter:
@@ -91,6 +92,11 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
         MODEL_DIR/metrics.json; other workers write nothing there.
     """
     cluster = cluster or cluster_lib.detect()
+    if cfg["strategy"] == "parameter_server" or (
+            cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster)):
+        from tfdist import ps  # asynchronous training has its own loop
+
+        return ps.run(recipe, cfg, cluster)
     check_before_tensorflow(cfg, cluster)
 
     import keras
@@ -137,11 +143,14 @@ def train(recipe, cfg: dict, cluster=None) -> Result:
         model.compile(optimizer=optimizer, **compile_kwargs)
 
     counter = _Counter()
+    callbacks = [counter]
+    if cfg["straggler_delay_ms"] and cluster.worker_index == cfg["straggler_worker"]:
+        callbacks.append(straggler.keras_callback(cfg["straggler_delay_ms"]))
     start = time.perf_counter()
     history = model.fit(train_ds, epochs=cfg["epochs"],
                         steps_per_epoch=cfg["steps_per_epoch"] or None,
                         verbose=cfg["verbose"] if cluster.is_chief else 0,
-                        callbacks=[counter], shuffle=False)  # shuffling is data.prepare's job
+                        callbacks=callbacks, shuffle=False)  # shuffling is data.prepare's job
     wall = time.perf_counter() - start
     evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
 

@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "single": "tfdist.strategies.single",
     "mirrored": "tfdist.strategies.mirrored",
     "multi_worker": "tfdist.strategies.multi_worker",
+    "parameter_server": "tfdist.strategies.parameter_server",
 }
 ALIASES = ("auto",)
 
@@ -28,11 +29,16 @@ class StrategyOptions:
         devices: Local replicas (GPUs, else logical CPUs); None for all.
         collective: MWMS collective implementation: "auto", "ring", "nccl".
         timeout_s: Collective timeout in seconds, so a dead peer ends the job.
+        ps_shards: parameter_server: split large variables into up to this many
+            shards across the ps tasks (0 or 1: no partitioning).
+        min_shard_bytes: parameter_server: smallest shard worth splitting off.
     """
 
     devices: int | None = None
     collective: str = "auto"
     timeout_s: float | None = 300.0
+    ps_shards: int = 0
+    min_shard_bytes: int = 256 << 10
 
 
 def valid_names() -> list[str]:
@@ -49,16 +55,25 @@ def check_name(name: str) -> None:
 def resolve_name(name: str, cluster, devices: int | None, gpus: int = 0) -> str:
     """Pure function: the concrete adapter name for `name` ("auto" resolved).
 
-    auto -> multi_worker when the cluster has several workers, else mirrored
-    when several local devices are asked for or present, else single.
+    auto -> parameter_server when the cluster has ps tasks, multi_worker when
+    it has several workers, else mirrored when several local devices are asked
+    for or present, else single.
     """
     check_name(name)
     if name != "auto":
         return name
+    if has_ps_tasks(cluster):
+        return "parameter_server"
     if cluster.is_multi_worker:
         return "multi_worker"
     local = devices if devices is not None else gpus
     return "mirrored" if local > 1 else "single"
+
+
+def has_ps_tasks(cluster) -> bool:
+    """Pure function: True when the cluster spec lists parameter servers."""
+    return bool(cluster is not None and cluster.tf_config
+                and cluster.tf_config.get("cluster", {}).get("ps"))
 
 
 def build_strategy(name: str, cluster=None, options: StrategyOptions | None = None):
@@ -91,5 +106,5 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
     return module.build(cluster, options)
 
 
-__all__ = ["REGISTRY", "StrategyOptions", "build_strategy", "check_name", "resolve_name",
-           "valid_names"]
+__all__ = ["REGISTRY", "StrategyOptions", "build_strategy", "check_name", "has_ps_tasks",
+           "resolve_name", "valid_names"]
