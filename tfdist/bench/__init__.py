@@ -15,4 +15,5 @@ measured side by side in one run.
 
 SUBCOMMANDS: dict[str, str] = {
     # name -> module; imported lazily so one benchmark's deps never load another's.
+    "async": "tfdist.bench.async_ps",
 }

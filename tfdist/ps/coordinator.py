@@ -15,6 +15,7 @@ the model, so it ends the job here with a ClusterError.
 
 from __future__ import annotations
 
+import re
 import time
 
 from tfdist import data, strategies
@@ -36,9 +37,11 @@ def count_examples(dataset) -> int:
 
 
 def _lost_ps_error(error, spec) -> ClusterError:
+    tasks = sorted({int(t) for t in re.findall(r"/job:ps/replica:0/task:(\d+)", str(error))})
+    named = ", ".join(f"ps {t} ({spec['ps'][t]})" for t in tasks if t < len(spec["ps"]))
     return ClusterError(
-        "Lost a parameter server: the model's variables live on the ps tasks "
-        f"{spec['ps']}, so training cannot continue. TensorFlow said: "
+        f"Lost parameter server {named or '(unknown task)'}: the model's variables live on "
+        f"the ps tasks {spec['ps']}, so training cannot continue. TensorFlow said: "
         f"{type(error).__name__}: {str(error).splitlines()[0][:300]}\n"
         "HINT: restart the whole job (ps tasks keep no state across restarts); keep ps "
         "tasks on reliable machines.")

@@ -47,13 +47,15 @@ def serve(cluster, cfg: dict):
             if k in ("chief", "worker", "ps")}
     config = tf.compat.v1.ConfigProto()
     if cfg.get("threads"):
+        # Intra-op only: a remote step blocks an inter-op thread while it waits
+        # for its input, so one inter-op thread would deadlock the worker.
         config.intra_op_parallelism_threads = cfg["threads"]
-        config.inter_op_parallelism_threads = cfg["threads"]
     label = f"{cluster.task_type} {cluster.task_index}"
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=cluster.task_type,
                                   task_index=cluster.task_index, protocol="grpc",
                                   config=config, start=True)
     address = spec[cluster.task_type][cluster.task_index]
-    print(f"tfdist: {label} serving at {address}; waiting for the coordinator", flush=True)
+    print(f"tfdist: {label} serving at {address} (pid {os.getpid()}); waiting for the "
+          "coordinator", flush=True)
     threading.Thread(target=_watch_chief, args=(spec["chief"][0], label), daemon=True).start()
     server.join()
