@@ -34,7 +34,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "verbose": 1,                # Keras progress (chief only): 0, 1 or 2
     "straggler_delay_ms": 0,     # sleep this long in every step of one worker (sync vs async)
     "straggler_worker": 0,       # which training worker sleeps (its index among the workers)
-    "ps_shards": 0,              # parameter_server: split big variables over up to N ps tasks
+    "ps_shards": 0,              # parameter_server: variable partitioning (>1 refused: Keras 3)
     "min_shard_bytes": 262144,   # parameter_server: smallest variable shard
 }
 

@@ -62,3 +62,10 @@ def test_cli_without_ps_tasks_fails_before_tensorflow():
     proc = run_py(["-c", code], env=env, timeout=60)
     assert proc.returncode == 3, proc.stderr
     assert "strategy parameter_server needs one 'chief'" in proc.stderr
+
+
+def test_partitioning_keras_variables_is_refused_with_the_reason():
+    ps.check_partitioning(0)
+    ps.check_partitioning(1)
+    with pytest.raises(ConfigError, match="--ps-shards 2: .*has no 'handle'.*keras-team/keras#18624"):
+        ps.check_partitioning(2)

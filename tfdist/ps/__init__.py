@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 
-from tfdist.errors import ClusterError
+from tfdist.errors import ClusterError, ConfigError
 
 EXIT_LOST_CHIEF = 0  # a server whose chief is gone has nothing left to do
 
@@ -46,6 +46,29 @@ def check_cluster(cluster) -> None:
         "tfdist.train RECIPE --strategy parameter_server; under Slurm set TFDIST_NUM_PS.")
 
 
+def check_partitioning(ps_shards: int) -> None:
+    """Refuses variable partitioning for Keras 3 models (pure check, before TensorFlow).
+
+    ParameterServerStrategy's partitioner turns a big variable into a
+    `ShardedVariable`, but a Keras 3 variable wrapping one cannot be
+    differentiated: `keras/src/backend/tensorflow/core.py` `Variable.handle`
+    returns `self.value.handle` and ShardedVariable has no `handle` (measured:
+    `AttributeError: 'ShardedVariable' object has no attribute 'handle'` in
+    `tape.gradient`, Keras 3.15.1, TF 2.21). Keras 3 does not support
+    parameter-server training at all (keras-team/keras#18624).
+
+    Raises:
+        ConfigError: when `ps_shards` > 1.
+    """
+    if ps_shards > 1:
+        raise ConfigError(
+            f"--ps-shards {ps_shards}: partitioning variables across ps tasks does not work "
+            "with Keras 3 models (a Keras variable over a ShardedVariable has no 'handle', so "
+            "gradients fail; keras-team/keras#18624: Keras 3 does not support PS training). "
+            "Use --ps-shards 0; `tfdist.strategies.build_strategy('parameter_server', ...)` "
+            "still partitions plain tf.Variables for custom TensorFlow code.")
+
+
 def run(recipe, cfg: dict, cluster):
     """Runs this process's part of a parameter-server job.
 
@@ -56,6 +79,7 @@ def run(recipe, cfg: dict, cluster):
     from tfdist import straggler
 
     check_cluster(cluster)
+    check_partitioning(cfg["ps_shards"])
     num_workers = len(cluster.tf_config["cluster"]["worker"])
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
     if cluster.task_type in ("worker", "ps"):

@@ -23,6 +23,8 @@ def build(cluster, options):
         options: StrategyOptions; `ps_shards` > 1 splits each large variable
             along its first axis into up to that many shards on different ps
             tasks (`min_shard_bytes` per shard at least), for big embeddings.
+            This works for plain tf.Variables; Keras 3 layers cannot train over
+            the resulting ShardedVariables (see `tfdist.ps.check_partitioning`).
 
     Raises:
         ClusterError: when this process is not the chief of a PS cluster.
