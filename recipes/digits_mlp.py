@@ -11,6 +11,7 @@ Launch:
     python -m tfdist.train digits_mlp                                  # one machine
     python -m tfdist.train digits_mlp --strategy mirrored --devices 2  # 2 replicas
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
+    python -m tfdist.launch --ps 1 --workers 2 -- python -m tfdist.train digits_mlp --strategy parameter_server
 """
 
 import os

@@ -14,7 +14,7 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    # auto | single | mirrored | multi_worker | horovod | model_parallel | pipeline
+    # auto | single | mirrored | multi_worker | horovod | parameter_server | model_parallel | pipeline
     "strategy": "auto",
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
@@ -47,6 +47,10 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
     "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
     "warmup_epochs": 0.0,        # horovod: ramp lr from lr/size up to lr over these epochs
+    "straggler_delay_ms": 0,     # sleep this long in every step of one worker (sync vs async)
+    "straggler_worker": 0,       # which training worker sleeps (its index among the workers)
+    "ps_shards": 0,              # parameter_server: variable partitioning (>1 refused: Keras 3)
+    "min_shard_bytes": 262144,   # parameter_server: smallest variable shard
 }
 
 _TRUE = {"1", "true", "yes", "on"}

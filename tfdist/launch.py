@@ -1,5 +1,9 @@
 """`python -m tfdist.launch -n N [--timeout S] [--max-restarts R] -- COMMAND ...`.
 
+`python -m tfdist.launch --ps N --workers M -- COMMAND ...` starts a
+parameter-server cluster instead: a chief, M workers and N ps tasks, each
+running COMMAND with its role in TF_CONFIG (see `run_ps`).
+
 Like `torchrun --standalone`: picks N free ports on 127.0.0.1, gives each
 worker a TF_CONFIG, prefixes every output line with the worker index, and
 when any worker fails stops the others and exits non-zero naming which worker
@@ -49,6 +53,26 @@ def worker_tf_configs(ports: list[int], host: str = HOST) -> list[dict]:
     workers = [f"{host}:{p}" for p in ports]
     return [{"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
             for i in range(len(ports))]
+
+
+def ps_tf_configs(num_workers: int, num_ps: int, ports: list[int],
+                  host: str = HOST) -> list[tuple[str, dict]]:
+    """Pure function: (label, TF_CONFIG) for a chief, then workers, then ps tasks.
+
+    Args:
+        num_workers: Worker tasks (they run the training steps).
+        num_ps: Parameter-server tasks (they hold the variables).
+        ports: 1 + num_workers + num_ps ports, in that order.
+    """
+    if len(ports) != 1 + num_workers + num_ps:
+        raise ValueError(f"need {1 + num_workers + num_ps} ports. Received: {len(ports)}.")
+    cluster = {"chief": [f"{host}:{ports[0]}"],
+               "worker": [f"{host}:{p}" for p in ports[1:1 + num_workers]],
+               "ps": [f"{host}:{p}" for p in ports[1 + num_workers:]]}
+    tasks = [("chief", 0)] + [("worker", i) for i in range(num_workers)] + [
+        ("ps", i) for i in range(num_ps)]
+    return [("chief" if t == "chief" else f"{t} {i}",
+             {"cluster": cluster, "task": {"type": t, "index": i}}) for t, i in tasks]
 
 
 def describe_exit(code: int) -> str:
@@ -166,6 +190,96 @@ def _run_once(num_workers, command, deadline, timeout_s, env):
     return status, failed_code
 
 
+PS_GRACE_S = 30.0  # after a ps dies, time the chief gets to report it before being stopped
+
+
+def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float | None = None,
+           env: dict | None = None) -> int:
+    """Runs `command` as a local parameter-server cluster and supervises it.
+
+    The job is the chief's: it ends when the chief exits, and the servers
+    (workers, ps) are stopped then. A worker that dies does not end it (the
+    coordinator re-runs its steps elsewhere); it is reported. A ps that dies
+    takes part of the model with it: the chief is given PS_GRACE_S to report
+    that and exit, then everything is stopped.
+
+    Returns:
+        The chief's status: 0 on success, 1 if it (or the job) failed, 124 on
+        timeout. Causes are printed to stderr.
+    """
+    base_env = dict(os.environ if env is None else env)
+    base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    base_env.setdefault("PYTHONUNBUFFERED", "1")
+    tasks = ps_tf_configs(num_workers, num_ps, free_ports(1 + num_workers + num_ps))
+    procs, labels, pumps = [], [], []
+    for label, cfg in tasks:
+        p = subprocess.Popen(command, env={**base_env, "TF_CONFIG": json.dumps(cfg)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL)
+        procs.append(p)
+        labels.append(label)
+        for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+            t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out), daemon=True)
+            t.start()
+            pumps.append(t)
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def say(message):
+        print(f"tfdist.launch: {message}", file=sys.stderr, flush=True)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline = None if not timeout_s else time.monotonic() + timeout_s
+    reported, ps_deadline, status = set(), None, 0
+    try:
+        while True:
+            chief = procs[0].poll()
+            if chief is not None:
+                if chief != 0:
+                    say(f"chief failed ({describe_exit(chief)}); stopping the servers.")
+                    status = 1
+                elif ps_deadline is not None:
+                    status = 1  # the chief cannot have trained without its ps
+                break
+            for i, (label, p) in enumerate(zip(labels, procs)):
+                code = p.poll()
+                if i == 0 or code is None or i in reported:
+                    continue
+                reported.add(i)
+                if label.startswith("worker"):
+                    say(f"{label} exited ({describe_exit(code)}); the coordinator re-runs its "
+                        "steps on the other workers and the job goes on.")
+                else:
+                    say(f"{label} exited ({describe_exit(code)}); it held model variables, so "
+                        f"the job cannot finish; giving the chief {PS_GRACE_S:g}s to report.")
+                    ps_deadline = time.monotonic() + PS_GRACE_S
+            worker_procs = [p for label, p in zip(labels, procs) if label.startswith("worker")]
+            if all(p.poll() is not None for p in worker_procs):
+                say(f"all {num_workers} worker(s) have exited; nothing is left to train on. "
+                    "Stopping the job.")
+                status = 1
+                break
+            if ps_deadline is not None and time.monotonic() > ps_deadline:
+                say("the chief did not exit after losing a ps; stopping the job.")
+                status = 1
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                say(f"timed out after {timeout_s:g}s; stopping the job.")
+                status = 124
+                break
+            time.sleep(0.1)
+    finally:
+        _stop(procs)
+        for t in pumps:
+            t.join(timeout=5)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     argv = sys.argv[1:] if argv is None else argv
@@ -177,13 +291,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tfdist.launch",
         description="Run N workers of COMMAND on 127.0.0.1, each with its own TF_CONFIG.",
-        usage="python -m tfdist.launch -n N [--timeout S] [--max-restarts R] -- COMMAND ...")
-    parser.add_argument("-n", "--num-workers", type=int, required=True)
+        usage="python -m tfdist.launch (-n N | --ps N --workers M) [--timeout S] [--max-restarts R] -- COMMAND ...")
+    parser.add_argument("-n", "--num-workers", type=int, default=None)
+    parser.add_argument("--ps", type=int, default=None,
+                        help="parameter-server cluster: a chief, --workers M workers and N ps")
+    parser.add_argument("--workers", type=int, default=None, help="workers, with --ps")
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop all workers after S seconds (exit 124)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="relaunch all workers up to R times after a failure")
     args = parser.parse_args(own)
+    if args.ps is not None or args.workers is not None:
+        if args.num_workers is not None:
+            parser.error("use either -n N (synchronous workers) or --ps N --workers M "
+                         f"(parameter server). Received: -n {args.num_workers} with "
+                         f"--ps {args.ps} --workers {args.workers}.")
+        if args.ps is None or args.workers is None or args.ps < 1 or args.workers < 1:
+            parser.error("--ps and --workers go together, each >= 1. Received: "
+                         f"--ps {args.ps} --workers {args.workers}.")
+        if not command:
+            parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch --ps 1 "
+                         "--workers 2 -- python -m tfdist.train digits_mlp "
+                         "--strategy parameter_server")
+        return run_ps(args.workers, args.ps, command, args.timeout)
+    if args.num_workers is None:
+        parser.error("give -n N, or --ps N --workers M.")
     if args.num_workers < 1:
         parser.error(f"-n must be >= 1. Received: {args.num_workers}.")
     if not command:

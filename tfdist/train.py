@@ -7,6 +7,8 @@ Launch modes:
     TF_CONFIG='{"cluster": ..., "task": ...}' python -m tfdist.train digits_mlp   # each host
     srun python -m tfdist.train digits_mlp          # each task of a Slurm step
     horovodrun -np 4 -H localhost:4 --gloo python -m tfdist.train digits_mlp --strategy horovod
+    python -m tfdist.launch --ps 1 --workers 2 -- python -m tfdist.train digits_mlp --strategy parameter_server
+    TFDIST_NUM_PS=1 srun python -m tfdist.train digits_mlp --strategy parameter_server
 
 RECIPE is a name from recipes/ or a path to a recipe file; `--help` lists its
 options. Every bad option fails here, before TensorFlow starts.

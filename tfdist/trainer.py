@@ -22,7 +22,7 @@ import sys
 import time
 
 from tfdist import cluster as cluster_lib
-from tfdist import data, optim, strategies
+from tfdist import data, optim, straggler, strategies
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
 from tfdist.errors import PeerLostError
 
@@ -81,6 +81,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         plan.microbatch_size(cfg["global_batch_size"], cfg["microbatches"])
         if cfg["placement"]:
             plan.parse_placement(cfg["placement"])
+    straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
 
 
 _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
@@ -137,6 +138,11 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         CheckpointError: when the backup to resume from is corrupt or foreign.
     """
     cluster = cluster or cluster_lib.detect()
+    if cfg["strategy"] == "parameter_server" or (
+            cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster)):
+        from tfdist import ps  # asynchronous training has its own loop
+
+        return ps.run(recipe, cfg, cluster)
     check_before_tensorflow(cfg, cluster)
 
     import keras
@@ -231,6 +237,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
     # state before anything else runs, and averages metrics before they are recorded.
     callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []), backup_cb]
+    if cfg["straggler_delay_ms"] and cluster.worker_index == cfg["straggler_worker"]:
+        callbacks.append(straggler.keras_callback(cfg["straggler_delay_ms"]))
     if cfg["csv_log"]:
         callbacks.append(cb.make_csv_logger(os.path.join(model_dir, "history.csv"),
                                             cluster.is_chief, state))

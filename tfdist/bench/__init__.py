@@ -17,4 +17,5 @@ SUBCOMMANDS: dict[str, str] = {
     # name -> module; imported lazily so one benchmark's deps never load another's.
     "pipeline": "tfdist.bench.pipeline",
     "horovod-allreduce": "tfdist.bench.horovod_allreduce",
+    "async": "tfdist.bench.async_ps",
 }

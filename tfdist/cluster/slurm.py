@@ -14,6 +14,7 @@ Variables read (all set by `srun` for every task):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from tfdist.cluster.base import ClusterEnvironment, ClusterInfo
@@ -137,6 +138,41 @@ def slurm_tf_config(hosts: list[str], tasks_per_node: list[int], port_base: int)
     return {"cluster": {"worker": workers}}
 
 
+def ps_roles(ntasks: int, num_ps: int) -> list[tuple[str, int]]:
+    """Pure function: (task type, index) per Slurm rank for parameter-server training.
+
+    Rank 0 is the chief (the coordinator), ranks 1..num_ps the ps tasks, and
+    every other rank a worker.
+
+    Raises:
+        ClusterError: when the step has too few tasks for a chief, the ps tasks
+            and at least one worker.
+    """
+    if num_ps < 1 or ntasks < num_ps + 2:
+        raise ClusterError(
+            f"A parameter-server job needs a chief, TFDIST_NUM_PS ps task(s) and at least one "
+            f"worker. Received: SLURM_NTASKS={ntasks}, TFDIST_NUM_PS={num_ps}.\n"
+            f"HINT: request at least {max(num_ps, 1) + 2} tasks, or lower TFDIST_NUM_PS.")
+    return [("chief", 0)] + [("ps", i) for i in range(num_ps)] + [
+        ("worker", i) for i in range(ntasks - num_ps - 1)]
+
+
+def ps_tf_config(addresses: list[str], num_ps: int, procid: int) -> dict:
+    """Pure function: TF_CONFIG for rank `procid` of a parameter-server step.
+
+    Args:
+        addresses: One "host:port" per Slurm rank, in rank order.
+        num_ps: Parameter-server tasks.
+        procid: This task's rank.
+    """
+    roles = ps_roles(len(addresses), num_ps)
+    cluster: dict[str, list[str]] = {"chief": [], "worker": [], "ps": []}
+    for (task_type, _), address in zip(roles, addresses):
+        cluster[task_type].append(address)
+    task_type, index = roles[procid]
+    return {"cluster": cluster, "task": {"type": task_type, "index": index}}
+
+
 class SlurmEnvironment(ClusterEnvironment):
     """A job step started by `srun`: one task per worker."""
 
@@ -192,6 +228,16 @@ class SlurmEnvironment(ClusterEnvironment):
         else:
             port_base = port_base_for_job(job_id)
         config = slurm_tf_config(hosts, tasks_per_node, port_base)
+        num_ps = environ.get("TFDIST_NUM_PS", "")
+        if num_ps not in ("", "0"):
+            if not num_ps.isdigit():
+                raise ClusterError(f"TFDIST_NUM_PS must be a non-negative integer. "
+                                   f"Received: {num_ps!r}.")
+            from tfdist.cluster.tf_config import info_from_tf_config
+
+            config = ps_tf_config(config["cluster"]["worker"], int(num_ps), procid)
+            return dataclasses.replace(info_from_tf_config(config, source="slurm"),
+                                       local_rank=localid, hostname=hosts[node])
         config["task"] = {"type": "worker", "index": procid}
         return ClusterInfo(source="slurm", num_workers=ntasks, worker_index=procid,
                            task_type="worker", task_index=procid,

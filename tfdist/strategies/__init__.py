@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "model_parallel": "tfdist.strategies.model_parallel",
     "pipeline": "tfdist.strategies.pipeline",
     "horovod": "tfdist.strategies.horovod",
+    "parameter_server": "tfdist.strategies.parameter_server",
 }
 ALIASES = ("auto",)
 
@@ -34,6 +35,9 @@ class StrategyOptions:
         microbatches: Micro-batches per batch (pipeline).
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
+        ps_shards: parameter_server: split large variables into up to this many
+            shards across the ps tasks (0 or 1: no partitioning).
+        min_shard_bytes: parameter_server: smallest shard worth splitting off.
     """
 
     devices: int | None = None
@@ -42,6 +46,8 @@ class StrategyOptions:
     microbatches: int = 1
     placement: str = ""
 
+    ps_shards: int = 0
+    min_shard_bytes: int = 256 << 10
 
 class Hooks:
     """What an adapter may change in the trainer; these defaults change nothing.
@@ -106,19 +112,28 @@ def check_name(name: str) -> None:
 def resolve_name(name: str, cluster, devices: int | None, gpus: int = 0) -> str:
     """Pure function: the concrete adapter name for `name` ("auto" resolved).
 
-    auto -> horovod when `horovodrun` started this process, multi_worker
-    when the cluster has several workers, else mirrored when several local
-    devices are asked for or present, else single.
+    auto -> horovod when `horovodrun` started this process, parameter_server
+    when the cluster has ps tasks, multi_worker when it has several workers,
+    else mirrored when several local devices are asked for or present, else
+    single.
     """
     check_name(name)
     if name != "auto":
         return name
     if cluster.source == "horovod":
         return "horovod"
+    if has_ps_tasks(cluster):
+        return "parameter_server"
     if cluster.is_multi_worker:
         return "multi_worker"
     local = devices if devices is not None else gpus
     return "mirrored" if local > 1 else "single"
+
+
+def has_ps_tasks(cluster) -> bool:
+    """Pure function: True when the cluster spec lists parameter servers."""
+    return bool(cluster is not None and cluster.tf_config
+                and cluster.tf_config.get("cluster", {}).get("ps"))
 
 
 def build_strategy(name: str, cluster=None, options: StrategyOptions | None = None):
@@ -161,7 +176,6 @@ def transform_model(name: str, model, options: StrategyOptions | None = None):
     return hook(model, options or StrategyOptions()) if hook else model
 
 
-__all__ = ["REGISTRY", "StrategyOptions", "build_strategy", "check_name", "resolve_name",
-           "transform_model", "valid_names"]
 __all__ = ["REGISTRY", "Hooks", "StrategyOptions", "build_hooks", "build_strategy",
-           "check_available", "check_name", "resolve_name", "valid_names"]
+           "check_available", "check_name", "has_ps_tasks", "resolve_name", "transform_model",
+           "valid_names"]

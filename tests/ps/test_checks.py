@@ -1,0 +1,71 @@
+"""Parameter-server checks that run before TensorFlow starts."""
+
+import json
+
+import pytest
+
+from tests.conftest import clean_env, run_py
+
+from tfdist import ps, straggler, strategies
+from tfdist.cluster.base import ClusterInfo
+from tfdist.cluster.tf_config import info_from_tf_config
+from tfdist.errors import ClusterError, ConfigError
+
+PS_CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+              "ps": ["127.0.0.1:4"]}
+
+
+def _info(cluster):
+    task_type = "chief" if "chief" in cluster else "worker"
+    return info_from_tf_config({"cluster": cluster, "task": {"type": task_type, "index": 0}})
+
+
+def test_check_cluster_accepts_chief_workers_ps():
+    ps.check_cluster(_info(PS_CLUSTER))
+
+
+@pytest.mark.parametrize("cluster, counts", [
+    ({"worker": ["127.0.0.1:2", "127.0.0.1:3"]}, "{'chief': 0, 'worker': 2, 'ps': 0}"),
+    ({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:4"]}, "{'chief': 1, 'worker': 0, 'ps': 1}"),
+])
+def test_check_cluster_names_what_is_missing(cluster, counts):
+    with pytest.raises(ClusterError, match="needs one 'chief', at least one 'worker'") as e:
+        ps.check_cluster(_info(cluster))
+    assert f"Received: {counts}" in str(e.value) and "HINT: " in str(e.value)
+
+
+def test_local_cluster_is_rejected():
+    with pytest.raises(ClusterError, match="'chief': 0, 'worker': 0, 'ps': 0"):
+        ps.check_cluster(ClusterInfo(source="local", num_workers=1, worker_index=0))
+
+
+def test_auto_picks_parameter_server_when_ps_tasks_exist():
+    assert strategies.resolve_name("auto", _info(PS_CLUSTER), None) == "parameter_server"
+    assert strategies.resolve_name("auto", _info({"worker": ["a:1", "b:2"]}), None) == (
+        "multi_worker")
+
+
+def test_straggler_check():
+    straggler.check(0, 99, 2)  # no delay: the index does not matter
+    straggler.check(50, 1, 2)
+    with pytest.raises(ConfigError, match=r"must be in \[0, 2\).*Received: 2"):
+        straggler.check(50, 2, 2)
+    with pytest.raises(ConfigError, match="must be >= 0. Received: -1"):
+        straggler.check(-1, 0, 2)
+
+
+def test_cli_without_ps_tasks_fails_before_tensorflow():
+    env = clean_env(TF_CONFIG=json.dumps({"cluster": {"worker": ["127.0.0.1:2"]},
+                                          "task": {"type": "worker", "index": 0}}))
+    code = ("import sys; from tfdist.train import main; rc = main(['digits_mlp', '--strategy', "
+            "'parameter_server']); assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    proc = run_py(["-c", code], env=env, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "strategy parameter_server needs one 'chief'" in proc.stderr
+
+
+def test_partitioning_keras_variables_is_refused_with_the_reason():
+    ps.check_partitioning(0)
+    ps.check_partitioning(1)
+    with pytest.raises(ConfigError, match="--ps-shards 2: .*has no 'handle'.*keras-team/keras#18624"):
+        ps.check_partitioning(2)

@@ -1,0 +1,211 @@
+"""The coordinator (chief) of a parameter-server job: Keras 3 models, custom steps.
+
+Keras 3 `fit` cannot drive ParameterServerStrategy (keras-team/keras#18624),
+so this module is the training loop. It builds the recipe's model, optimizer
+and loss under the strategy's scope (variables go to the ps tasks), gives
+every worker its own shard of the data (`create_per_worker_dataset`), and
+schedules steps with `ClusterCoordinator.schedule`: each step runs on
+whichever worker is free, reads the current weights from the ps, and applies
+its gradients there without waiting for the others (asynchronous SGD).
+
+Failures: ClusterCoordinator re-queues a step whose worker died and runs it on
+another worker; the job goes on without the dead one. A lost ps holds part of
+the model, so it ends the job here with a ClusterError.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tfdist import data, strategies
+from tfdist.checkpoint import ChiefWriter
+from tfdist.errors import ClusterError
+from tfdist.ps import reachable
+
+
+def _log(message: str) -> None:
+    print(f"tfdist: {message}", flush=True)
+
+
+def count_examples(dataset) -> int:
+    """Examples in an unbatched dataset (counted when its cardinality is unknown)."""
+    n = int(dataset.cardinality())
+    if n >= 0:
+        return n
+    return int(dataset.reduce(0, lambda count, _: count + 1))
+
+
+def _lost_ps_error(error, spec) -> ClusterError:
+    tasks = sorted({int(t) for t in re.findall(r"/job:ps/replica:0/task:(\d+)", str(error))})
+    named = ", ".join(f"ps {t} ({spec['ps'][t]})" for t in tasks if t < len(spec["ps"]))
+    return ClusterError(
+        f"Lost parameter server {named or '(unknown task)'}: the model's variables live on "
+        f"the ps tasks {spec['ps']}, so training cannot continue. TensorFlow said: "
+        f"{type(error).__name__}: {str(error).splitlines()[0][:300]}\n"
+        "HINT: restart the whole job (ps tasks keep no state across restarts); keep ps "
+        "tasks on reliable machines.")
+
+
+def _is_ps_error(error) -> bool:
+    return "/job:ps" in str(error) or type(error).__name__ == "PSUnavailableError"
+
+
+def train(recipe, cfg: dict, cluster):
+    """Trains `recipe` asynchronously from the chief of a PS cluster.
+
+    Args:
+        recipe: A loaded recipe (build_model, build_dataset, compile_kwargs).
+        cfg: The merged configuration.
+        cluster: ClusterInfo of the chief.
+
+    Returns:
+        A `tfdist.trainer.Result`; the chief also writes MODEL_DIR/model.keras
+        and MODEL_DIR/metrics.json.
+
+    Raises:
+        ClusterError: when a parameter server is lost.
+    """
+    import keras
+    import tensorflow as tf
+
+    from tfdist import straggler
+    from tfdist.strategies.devices import configure_runtime
+    from tfdist.trainer import Result, model_dir_for
+
+    configure_runtime(cpu_devices=None, intra_op_threads=cfg["threads"] or None)
+    keras.utils.set_random_seed(cfg["seed"])
+    spec = cluster.tf_config["cluster"]
+    workers = spec["worker"]
+    options = strategies.StrategyOptions(ps_shards=cfg["ps_shards"],
+                                         min_shard_bytes=cfg["min_shard_bytes"])
+    strategy = strategies.build_strategy("parameter_server", cluster, options)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    gbs = cfg["global_batch_size"]
+    lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
+                                  cfg["lr_scaling"])
+    train_source = recipe.build_dataset(cfg, "train")
+    train_unbatched = getattr(train_source, "dataset", train_source)
+    num_examples = count_examples(train_unbatched)
+    steps_per_epoch = cfg["steps_per_epoch"] or max(1, num_examples // gbs)
+    _log(f"recipe={recipe.RECIPE_NAME} strategy=parameter_server workers={len(workers)} "
+         f"ps={len(spec['ps'])} batch_per_step={gbs} steps_per_epoch={steps_per_epoch} "
+         f"learning_rate={lr:g} ps_shards={cfg['ps_shards']} "
+         f"straggler={cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}")
+
+    compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
+    with strategy.scope():
+        model = recipe.build_model(cfg)
+        opt_config = {"learning_rate": lr}
+        if cfg["optimizer"] == "sgd":
+            opt_config["momentum"] = cfg["momentum"]
+        optimizer = keras.optimizers.get({"class_name": cfg["optimizer"], "config": opt_config})
+        model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
+        # Create every variable (weights, optimizer slots, loss state) here, eagerly:
+        # scheduled functions run on workers and may not create variables.
+        x0, y0 = next(iter(train_unbatched.batch(2)))
+        model.compute_loss(x=x0, y=y0, y_pred=model(x0, training=False), training=False)
+        optimizer.build(model.trainable_variables)
+
+    shuffle_buffer, seed, num_workers = cfg["shuffle_buffer"], cfg["seed"], len(workers)
+
+    def dataset_fn(_input_context):
+        source = recipe.build_dataset(cfg, "train")
+        ds = getattr(source, "dataset", source)
+        # Disjoint shards: without this every worker would read the same examples.
+        index = tf.distribute.coordinator.experimental_get_current_worker_index()
+        ds = ds.shard(num_workers, index)
+        if shuffle_buffer > 0:
+            ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        return ds.repeat().batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    @tf.function
+    def per_worker_dataset_fn():
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    delay_ms, slow_worker = cfg["straggler_delay_ms"], cfg["straggler_worker"]
+
+    @tf.function
+    def step(iterator):
+        index = tf.distribute.coordinator.experimental_get_current_worker_index()
+        deps = []
+        if delay_ms:
+            deps = [straggler.sleep_op(tf.where(index == slow_worker, delay_ms, 0))]
+
+        def replica_fn(x, y):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply(grads, model.trainable_variables)
+            return loss
+
+        with tf.control_dependencies(deps):  # sleep first, as a slower machine would
+            x, y = next(iterator)
+        loss = strategy.run(replica_fn, args=(x, y))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
+
+    history = {"loss": []}
+    steps_per_worker = [0] * num_workers
+    lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
+    start = time.perf_counter()
+    try:
+        for epoch in range(cfg["epochs"]):
+            results = [coordinator.schedule(step, args=(iterator,))
+                       for _ in range(steps_per_epoch)]
+            coordinator.join()
+            fetched = coordinator.fetch(results)
+            losses = [float(loss) for loss, _ in fetched]
+            for _, index in fetched:
+                steps_per_worker[int(index)] += 1
+            history["loss"].append(sum(losses) / len(losses))
+            for i, address in enumerate(workers):
+                if i not in lost and not reachable(address):
+                    lost[i] = epoch
+                    _log(f"worker {i} at {address} is unreachable; the coordinator re-runs "
+                         "its steps on the other workers and training goes on")
+            _log(f"epoch {epoch + 1}/{cfg['epochs']} loss={history['loss'][-1]:.4f} "
+                 f"steps_per_worker={steps_per_worker} lost_workers={sorted(lost)}")
+    except (tf.errors.OpError, ClusterError) as e:
+        if _is_ps_error(e):
+            raise _lost_ps_error(e, spec) from None
+        raise
+    wall = time.perf_counter() - start
+
+    # Gather the trained weights from the ps into an ordinary Keras model: it
+    # evaluates on the chief and saves as a model any strategy can load.
+    local = recipe.build_model(cfg)
+    local.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
+    local.compile(**compile_kwargs)
+    test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs, training=False)
+    evaluation = local.evaluate(test_ds, verbose=0, return_dict=True)
+    total_steps = steps_per_epoch * cfg["epochs"]
+    metrics = {
+        "recipe": recipe.RECIPE_NAME,
+        "strategy": "parameter_server",
+        "num_workers": num_workers,
+        "num_ps": len(spec["ps"]),
+        "ps_shards": cfg["ps_shards"],
+        "global_batch_size": gbs,
+        "learning_rate": lr,
+        "epochs": cfg["epochs"],
+        "steps": total_steps,
+        "steps_per_worker": steps_per_worker,
+        "lost_workers": [{"worker": i, "address": workers[i], "found_in_epoch": e + 1}
+                         for i, e in sorted(lost.items())],
+        "straggler": {"delay_ms": delay_ms, "worker": slow_worker},
+        "history": history,
+        "test": {k: float(v) for k, v in evaluation.items()},
+        "wall_time_s": wall,
+        "examples_per_s": total_steps * gbs / wall if wall > 0 else 0.0,
+    }
+    writer = ChiefWriter(model_dir_for(cfg, recipe.RECIPE_NAME), cluster.is_chief)
+    writer.save_model(local)
+    path = writer.write_json("metrics.json", metrics)
+    if lost:
+        _log(f"finished without lost worker(s) {sorted(lost)}: "
+             + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(lost)))
+    _log(f"test {evaluation}; wrote {writer.path('model.keras')} and {path}")
+    return Result(model=local, metrics=metrics, strategy=strategy, cluster=cluster)

@@ -1,0 +1,48 @@
+"""`parameter_server`: asynchronous training with ParameterServerStrategy.
+
+Only the chief (the coordinator) builds this strategy; workers and ps tasks
+run plain `tf.distribute.Server`s (see `tfdist.ps.server`). The training loop
+is `tfdist.ps.coordinator`, because Keras 3 `fit` has no path for this
+strategy: Keras 3 removed `keras.utils.experimental.DatasetCreator`, which
+Keras 2's `fit` needed for it, and "parameter server training is not supported
+in Keras 3" (keras-team/keras#18624, maintainer's answer).
+"""
+
+from __future__ import annotations
+
+from tfdist.errors import ClusterError
+
+PS_TASK_TYPES = ("chief", "worker", "ps")
+
+
+def build(cluster, options):
+    """ParameterServerStrategy for a cluster with a chief, workers and ps tasks.
+
+    Args:
+        cluster: ClusterInfo of the chief; its `tf_config` lists every task.
+        options: StrategyOptions; `ps_shards` > 1 splits each large variable
+            along its first axis into up to that many shards on different ps
+            tasks (`min_shard_bytes` per shard at least), for big embeddings.
+            This works for plain tf.Variables; Keras 3 layers cannot train over
+            the resulting ShardedVariables (see `tfdist.ps.check_partitioning`).
+
+    Raises:
+        ClusterError: when this process is not the chief of a PS cluster.
+    """
+    import tensorflow as tf
+
+    if cluster.tf_config is None or "ps" not in cluster.tf_config["cluster"]:
+        raise ClusterError(
+            "strategy parameter_server needs a cluster with 'ps' tasks. Received: "
+            f"{None if cluster.tf_config is None else sorted(cluster.tf_config['cluster'])}.\n"
+            "HINT: python -m tfdist.launch --ps 1 --workers 2 -- python -m tfdist.train "
+            "RECIPE --strategy parameter_server")
+    spec = {k: v for k, v in cluster.tf_config["cluster"].items() if k in PS_TASK_TYPES}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type=cluster.task_type, task_id=cluster.task_index,
+        rpc_layer="grpc")
+    partitioner = None
+    if options.ps_shards > 1:
+        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=options.min_shard_bytes, max_shards=options.ps_shards)
+    return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
