@@ -105,6 +105,44 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+class _TaskGroup:
+    """Processes of one launch: spawned with their TF_CONFIGs, output prefixed,
+    SIGINT/SIGTERM forwarded; on exit all are stopped and the handlers restored."""
+
+    def __init__(self, command: list[str], tasks: list[tuple[str, dict]], env: dict | None):
+        base_env = dict(os.environ if env is None else env)
+        base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        base_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.labels = [label for label, _ in tasks]
+        self.procs, self._pumps = [], []
+        for label, cfg in tasks:
+            p = subprocess.Popen(command, env={**base_env, "TF_CONFIG": json.dumps(cfg)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL)
+            self.procs.append(p)
+            for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+                t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out), daemon=True)
+                t.start()
+                self._pumps.append(t)
+
+    def _forward(self, signum, _frame):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def __enter__(self):
+        self._old = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        _stop(self.procs)
+        for t in self._pumps:
+            t.join(timeout=5)
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+        return False
+
+
 # Statuses that a restart cannot fix: bad input, or a requested stop.
 NO_RESTART = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PREEMPTED)
 
@@ -136,29 +174,11 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
 def _run_once(num_workers, command, deadline, timeout_s, env):
     """One launch of all workers: (status, exit code of the failed worker or None)."""
-    base_env = dict(os.environ if env is None else env)
-    base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    base_env.setdefault("PYTHONUNBUFFERED", "1")
-    configs = worker_tf_configs(free_ports(num_workers))
-    procs, pumps = [], []
-    for i, cfg in enumerate(configs):
-        worker_env = {**base_env, "TF_CONFIG": json.dumps(cfg)}
-        p = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        procs.append(p)
-        for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-            t = threading.Thread(target=_pump, args=(stream, f"[worker {i}] ", out), daemon=True)
-            t.start()
-            pumps.append(t)
-
-    def forward(signum, _frame):
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    tasks = [(f"worker {i}", cfg)
+             for i, cfg in enumerate(worker_tf_configs(free_ports(num_workers)))]
     status, message, failed_code = 0, None, None
-    try:
+    with _TaskGroup(command, tasks, env) as group:
+        procs = group.procs
         while True:
             codes = [p.poll() for p in procs]
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -179,12 +199,6 @@ def _run_once(num_workers, command, deadline, timeout_s, env):
                 status = 124
                 break
             time.sleep(0.1)
-    finally:
-        _stop(procs)
-        for t in pumps:
-            t.join(timeout=5)
-        for s, handler in old.items():
-            signal.signal(s, handler)
     if message:
         print(message, file=sys.stderr, flush=True)
     return status, failed_code
@@ -207,34 +221,15 @@ def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float |
         The chief's status: 0 on success, 1 if it (or the job) failed, 124 on
         timeout. Causes are printed to stderr.
     """
-    base_env = dict(os.environ if env is None else env)
-    base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    base_env.setdefault("PYTHONUNBUFFERED", "1")
     tasks = ps_tf_configs(num_workers, num_ps, free_ports(1 + num_workers + num_ps))
-    procs, labels, pumps = [], [], []
-    for label, cfg in tasks:
-        p = subprocess.Popen(command, env={**base_env, "TF_CONFIG": json.dumps(cfg)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL)
-        procs.append(p)
-        labels.append(label)
-        for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-            t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out), daemon=True)
-            t.start()
-            pumps.append(t)
-
-    def forward(signum, _frame):
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
 
     def say(message):
         print(f"tfdist.launch: {message}", file=sys.stderr, flush=True)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     reported, ps_deadline, status = set(), None, 0
-    try:
+    with _TaskGroup(command, tasks, env) as group:
+        procs, labels = group.procs, group.labels
         while True:
             chief = procs[0].poll()
             if chief is not None:
@@ -271,12 +266,6 @@ def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float |
                 status = 124
                 break
             time.sleep(0.1)
-    finally:
-        _stop(procs)
-        for t in pumps:
-            t.join(timeout=5)
-        for s, handler in old.items():
-            signal.signal(s, handler)
     return status
 
 
