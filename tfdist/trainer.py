@@ -199,7 +199,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
                   f"; {steps_per_epoch} steps per epoch")
 
     with strategy.scope():
-        model = strategies.transform_model(name, recipe.build_model(cfg), options)
+        model = hooks.transform_model(recipe.build_model(cfg))
         optimizer = hooks.wrap_optimizer(optim.build_optimizer(cfg, lr))
         compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
         model.compile(optimizer=optimizer, **compile_kwargs)

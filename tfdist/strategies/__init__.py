@@ -74,6 +74,10 @@ class Hooks:
 
         return any_worker(strategy, flag)
 
+    def transform_model(self, model):
+        """The model to train, from the recipe's (model parallelism splits it)."""
+        return model
+
     def callbacks(self, cfg: dict, learning_rate: float) -> list:
         """Extra Keras callbacks for `fit`, run before the trainer's own."""
         return []
@@ -166,16 +170,5 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
     return module.build(cluster, options)
 
 
-def transform_model(name: str, model, options: StrategyOptions | None = None):
-    """The adapter's model transformation (model/pipeline parallelism split the model).
-
-    Adapters without a `transform_model` return `model` unchanged.
-    """
-    module = importlib.import_module(REGISTRY[name])
-    hook = getattr(module, "transform_model", None)
-    return hook(model, options or StrategyOptions()) if hook else model
-
-
 __all__ = ["REGISTRY", "Hooks", "StrategyOptions", "build_hooks", "build_strategy",
-           "check_available", "check_name", "has_ps_tasks", "resolve_name", "transform_model",
-           "valid_names"]
+           "check_available", "check_name", "has_ps_tasks", "resolve_name", "valid_names"]

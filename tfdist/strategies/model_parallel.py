@@ -9,6 +9,7 @@ a time; `pipeline` overlaps them with micro-batches. One process, one replica.
 from __future__ import annotations
 
 from tfdist.errors import ConfigError
+from tfdist.strategies import Hooks
 
 
 def build(cluster, options):
@@ -46,3 +47,18 @@ def transform_model(model, options, microbatches: int = 1):
     print(f"tfdist: placement of {model.name!r} over {len(split.stage_devices)} stage(s), "
           f"{microbatches} micro-batch(es) per batch\n{table}", flush=True)
     return split
+
+
+class ModelParallelHooks(Hooks):
+    """Trainer hooks: the model is split after the recipe builds it."""
+
+    def __init__(self, options, transform):
+        self.options, self._transform = options, transform
+
+    def transform_model(self, model):
+        return self._transform(model, self.options)
+
+
+def hooks(cluster, options) -> Hooks:
+    """The trainer hooks: split the model (naive model parallelism, M = 1)."""
+    return ModelParallelHooks(options, transform_model)

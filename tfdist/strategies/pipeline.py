@@ -26,3 +26,8 @@ def transform_model(model, options):
     print(f"tfdist: pipeline p={p} m={options.microbatches} theoretical bubble "
           f"{plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
     return split
+
+
+def hooks(cluster, options):
+    """The trainer hooks: split the model into micro-batched stages."""
+    return model_parallel.ModelParallelHooks(options, transform_model)
