@@ -93,6 +93,10 @@ def runs(venv, tmp_path_factory):
         ("mpi", 4): _train(venv, tmp, "mpi4", 4, "mpi"),
         # The plain optimizer: what horovod.tensorflow.keras amounts to on Keras 3.
         "no_allreduce": _train(venv, tmp, "noavg", 2, "gloo", ["--no-allreduce"]),
+        # Techniques under Horovod: clip by global norm, 2 accumulated half batches.
+        "single_clip": _train(venv, tmp, "sclip", extra=["--clipnorm", "0.5"]),
+        "accum_clip": _train(venv, tmp, "aclip", 2, "gloo", [
+            "--clipnorm", "0.5", "--global-batch-size", "32", "--accumulate", "2"]),
     }
 
 
@@ -200,3 +204,16 @@ def test_readme_horovodrun_command_four_ranks_gloo(venv, tmp_path):
     assert "num_replicas=4 workers=4 source=horovod" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert metrics["num_replicas"] == 4 and metrics["test"]["accuracy"] > 0.5
+
+
+def test_accumulation_and_clipping_under_horovod_equal_single(runs):
+    """2 ranks x 2 accumulated batches of 32, clipped: one replica at batch 64, clipped."""
+    (single,), _, _ = runs["single_clip"]
+    ranks, model_dir, _ = runs["accum_clip"]
+    (plain,), _, _ = runs["single"]
+    assert not _same(single, plain)  # clipping changed the run
+    for r in ranks:
+        for x, y in zip(_weights(r), _weights(single)):
+            np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL)
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["effective_batch_size"] == 64 and metrics["accumulate"] == 2
