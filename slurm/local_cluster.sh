@@ -54,7 +54,8 @@ write_conf() {
     cat >"$CONF" <<EOF
 $MARK: a one-node cluster on $host
 ClusterName=tfdist-local
-SlurmctldHost=$host
+# Loopback only: the daemons and the jobs talk over 127.0.0.1 whatever the host name.
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -88,7 +89,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 KillWait=10
-NodeName=$host CPUs=$cpus State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=$PARTITION Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 }

@@ -180,10 +180,13 @@ def test_sigterm_saves_backup_and_requeued_job_resumes(slurm_cluster, baseline, 
 def test_mirrored_job_on_one_node(slurm_cluster, baseline, tmp_path):
     # No GPUs here: `--devices 2` splits the CPU into 2 replicas of one process.
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
+    # Polled, not `sbatch --wait`: that backs off up to 32 s between its own polls.
     job, proc = _sbatch("mirrored.sbatch", out, "digits_mlp", *ARGS, "--devices", "2",
-                        "--model-dir", model_dir, opts=["--oversubscribe"], wait=True)
-    log = open(out.replace("%j", job)).read() if job else ""
-    assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
+                        "--model-dir", model_dir, opts=["--oversubscribe"])
+    assert proc.returncode == 0 and job, tail(proc)
+    _wait_all([job])
+    log = open(out.replace("%j", job)).read()
+    assert _job(job)["ExitCode"] == "0:0", log[-4000:]
     assert "strategy=mirrored num_replicas=2 workers=1" in log, log[-4000:]
     _assert_same_weights(model_dir, baseline)
 
