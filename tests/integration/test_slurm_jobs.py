@@ -56,16 +56,16 @@ def slurm_cluster():
         subprocess.run([CLUSTER, "stop"], capture_output=True, timeout=60)
 
 
-def _env():
+def _env(**extra):
     # sbatch exports the submitting environment to the job (--export=ALL).
-    return clean_env(PYTHONPATH=REPO, PYTHON=sys.executable)
+    return clean_env(PYTHONPATH=REPO, PYTHON=sys.executable, **extra)
 
 
-def _sbatch(script, out, *args, opts=(), wait=False):
+def _sbatch(script, out, *args, opts=(), wait=False, env=None):
     """Submits slurm/SCRIPT from the project root; returns (job id, completed sbatch)."""
     cmd = ["sbatch", "--parsable", f"--output={out}", *opts, *(["--wait"] if wait else []),
            os.path.join("slurm", script), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env or _env(), cwd=REPO)
     job = proc.stdout.strip().split(";")[0].splitlines()[0] if proc.stdout.strip() else None
     return job, proc
 
@@ -199,8 +199,11 @@ def test_horovod_job(slurm_cluster, baseline, tmp_path):
         print(f"SKIP: {reason}")
         pytest.skip(reason)
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
+    # The Horovod venv (TFDIST_HOROVOD_VENV, from the Horovod issue's build script).
+    venv = os.environ.get("TFDIST_HOROVOD_VENV", "")
+    hvd_python = os.path.join(venv, "bin", "python") if venv else sys.executable
     job, proc = _sbatch("horovod.sbatch", out, "digits_mlp", *ARGS, "--model-dir", model_dir,
-                        wait=True)
+                        wait=True, env=_env(HOROVOD_PYTHON=hvd_python))
     log = open(out.replace("%j", job)).read() if job else ""
     assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
     assert "num_replicas=2" in log, log[-4000:]

@@ -144,6 +144,10 @@ class SlurmEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect(environ) -> bool:
+        # Ranks that horovodrun/mpirun started inside an allocation inherit the batch
+        # shell's SLURM_* variables but are not Slurm tasks: their launcher places them.
+        if "HOROVOD_RANK" in environ or "OMPI_COMM_WORLD_RANK" in environ:
+            return False
         # A multi-task allocation without a task id (an `salloc` shell) is detected
         # too, so that `resolve` can say "use srun" instead of training alone.
         return "SLURM_JOB_ID" in environ and (
