@@ -191,13 +191,15 @@ def test_mirrored_job_on_one_node(slurm_cluster, baseline, tmp_path):
     _assert_same_weights(model_dir, baseline)
 
 
-def test_horovod_job(slurm_cluster, baseline, tmp_path):
+def test_horovod_job(request, tmp_path):
     from tfdist import strategies
 
     if "horovod" not in strategies.REGISTRY:
         reason = "tfdist has no --strategy horovod yet (the Horovod issue)"
         print(f"SKIP: {reason}")
         pytest.skip(reason)
+    request.getfixturevalue("slurm_cluster")  # only now: skipping costs no cluster start
+    baseline = request.getfixturevalue("baseline")
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
     # The Horovod venv (TFDIST_HOROVOD_VENV, from the Horovod issue's build script).
     venv = os.environ.get("TFDIST_HOROVOD_VENV", "")
