@@ -122,3 +122,32 @@ def test_no_nvidia_smi_needed(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", boom)
     monkeypatch.setattr(subprocess, "run", boom)
     assert detect(_srun_env(3, 1, "node02")).num_workers == 5
+
+
+def test_salloc_shell_without_srun_is_explained():
+    # In an `salloc -n 2` shell there is a job and a task count but no task id:
+    # training there would silently run alone.
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "vm",
+           "SLURM_TASKS_PER_NODE": "2"}
+    with pytest.raises(ClusterError, match=r"SLURM_NTASKS=2 but this process is the "
+                                           r"allocation's shell \(salloc\).*\nHINT: launch "
+                                           r"with `srun"):
+        detect(env)
+
+
+def test_single_task_allocation_shell_is_local():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "vm"}
+    assert detect(env).source == "local"
+    assert detect({"SLURM_JOB_ID": "7"}).source == "local"
+
+
+@pytest.mark.parametrize("rank_var", ["HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"])
+def test_ranks_of_horovodrun_inside_a_batch_job_are_not_slurm_tasks(rank_var):
+    # slurm/horovod.sbatch runs horovodrun from the batch shell: its ranks inherit
+    # SLURM_PROCID=0 and SLURM_NTASKS=2 without a step, which must not read as misuse.
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0",
+           "SLURM_JOB_NODELIST": "vm", "SLURM_TASKS_PER_NODE": "2", rank_var: "1"}
+    assert detect(env).source != "slurm"
+    del env[rank_var]
+    with pytest.raises(ClusterError, match="this process is the batch script itself"):
+        detect(env)

@@ -180,18 +180,28 @@ class SlurmEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect(environ) -> bool:
-        return "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ
+        # Ranks that horovodrun/mpirun started inside an allocation inherit the batch
+        # shell's SLURM_* variables but are not Slurm tasks: their launcher places them.
+        if "HOROVOD_RANK" in environ or "OMPI_COMM_WORLD_RANK" in environ:
+            return False
+        # A multi-task allocation without a task id (an `salloc` shell) is detected
+        # too, so that `resolve` can say "use srun" instead of training alone.
+        return "SLURM_JOB_ID" in environ and (
+            "SLURM_PROCID" in environ or environ.get("SLURM_NTASKS", "1") not in ("", "0", "1"))
 
     @staticmethod
     def resolve(environ) -> ClusterInfo:
         job_id = _get_int(environ, "SLURM_JOB_ID")
         ntasks = _get_int(environ, "SLURM_NTASKS")
-        procid = _get_int(environ, "SLURM_PROCID")
         if ntasks > 1 and "SLURM_STEP_ID" not in environ:
+            where = ("the batch script itself" if "SLURM_PROCID" in environ
+                     else "the allocation's shell (salloc), not one of its tasks")
             raise ClusterError(
-                f"SLURM_NTASKS={ntasks} but this process is the batch script itself "
+                f"SLURM_NTASKS={ntasks} but this process is {where} "
                 "(SLURM_STEP_ID is not set), so the other workers were never started.\n"
-                "HINT: launch with `srun python -m tfdist.train ...` inside the batch script.")
+                "HINT: launch with `srun python -m tfdist.train ...` inside the allocation "
+                "(see slurm/multi_worker.sbatch).")
+        procid = _get_int(environ, "SLURM_PROCID")
         localid = _get_int(environ, "SLURM_LOCALID")
         nodelist = _get(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
         tpn_text = _get(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
