@@ -71,7 +71,9 @@ def test_async_loss_comparable_to_sync(runs):
 
 def test_only_the_chief_writes_and_the_model_loads(runs):
     metrics, model_dir, proc = runs["async"]
-    assert sorted(os.listdir(model_dir)) == ["metrics.json", "model.keras"]
+    assert sorted(os.listdir(model_dir)) == ["backup", "metrics.json", "model.keras"]
+    backups = sorted(os.listdir(os.path.join(model_dir, "backup")))
+    assert backups == [f"ckpt-{(e + 1) * STEPS_PER_EPOCH:010d}.npz" for e in range(1, EPOCHS)]
     assert proc.stdout.count("wrote ") == 1 and "[chief] tfdist: test " in proc.stdout
     for task in ("worker 0", "worker 1", "ps 0"):
         assert f"[{task}] tfdist: {task} serving at 127.0.0.1:" in proc.stdout
@@ -170,3 +172,21 @@ def test_server_exits_when_its_chief_is_gone():
     assert proc.returncode == 0, out[-3000:]
     assert f"tfdist: worker 0 serving at 127.0.0.1:{ports[0]}" in out
     assert f"tfdist: worker 0: the chief at {chief_address} has gone" in out
+
+
+def test_rerun_resumes_from_the_chiefs_backup(runs, tmp_path):
+    import shutil
+
+    _, model_dir, _ = runs["async"]
+    copy = str(tmp_path / "copy")
+    shutil.copytree(model_dir, copy)
+    proc = run_py(_launch(["--ps", "1", "--workers", "2"], copy,
+                          ["--strategy", "parameter_server", "--epochs", str(EPOCHS + 1)]))
+    assert proc.returncode == 0, tail(proc)
+    assert (f"[chief] tfdist: resumed from {copy}/backup/ckpt-"
+            f"{EPOCHS * STEPS_PER_EPOCH:010d}.npz: epoch {EPOCHS}") in proc.stdout
+    with open(os.path.join(copy, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    assert len(metrics["history"]["loss"]) == EPOCHS + 1
+    assert metrics["steps"] == STEPS_PER_EPOCH  # only the one remaining epoch ran
+    assert metrics["global_step"] == (EPOCHS + 1) * STEPS_PER_EPOCH

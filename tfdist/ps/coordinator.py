@@ -10,7 +10,11 @@ its gradients there without waiting for the others (asynchronous SGD).
 
 Failures: ClusterCoordinator re-queues a step whose worker died and runs it on
 another worker; the job goes on without the dead one. A lost ps holds part of
-the model, so it ends the job here with a ClusterError.
+the model, so it ends the job here with a ClusterError; the chief backs up the
+variables (read from the ps) at every epoch end through the shared
+`BackupStore`, and a rerun resumes from the newest backup (weights and
+optimizer state; asynchronous SGD is not deterministic, so unlike the
+synchronous strategies the resumed run is not bitwise the same math).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import re
 import time
 
-from tfdist import data, strategies
-from tfdist.checkpoint import ChiefWriter
+import shutil
+
+from tfdist import data, optim, strategies
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
 from tfdist.errors import ClusterError
 from tfdist.ps import reachable
 
@@ -97,10 +103,7 @@ def train(recipe, cfg: dict, cluster):
     compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
     with strategy.scope():
         model = recipe.build_model(cfg)
-        opt_config = {"learning_rate": lr}
-        if cfg["optimizer"] == "sgd":
-            opt_config["momentum"] = cfg["momentum"]
-        optimizer = keras.optimizers.get({"class_name": cfg["optimizer"], "config": opt_config})
+        optimizer = optim.build_optimizer(cfg, lr)
         model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
         # Create every variable (weights, optimizer slots, loss state) here, eagerly:
         # scheduled functions run on workers and may not create variables.
@@ -109,6 +112,23 @@ def train(recipe, cfg: dict, cluster):
         optimizer.build(model.trainable_variables)
 
     shuffle_buffer, seed, num_workers = cfg["shuffle_buffer"], cfg["seed"], len(workers)
+
+    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
+    store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
+    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs}
+    state, latest = TrainState(history={"loss": []}), store.latest()
+    if latest and cfg["resume"]:
+        record, arrays = store.load(latest)
+        store.check_compatible(latest, record, {
+            **meta, "model_signature": signature(model.variables),
+            "optimizer_signature": signature(optimizer.variables)})
+        with strategy.scope():  # assigns go to the ps tasks
+            store.restore(arrays, model.variables, optimizer.variables)
+        state = TrainState(**record["state"])
+        _log(f"resumed from {latest}: epoch {state.epoch} (global step {state.global_step})")
+    elif latest:
+        shutil.rmtree(store.directory)  # --no-resume: stale backups must not shadow new ones
+        _log(f"--no-resume: removed old backups in {store.directory}")
 
     def dataset_fn(_input_context):
         source = recipe.build_dataset(cfg, "train")
@@ -147,12 +167,12 @@ def train(recipe, cfg: dict, cluster):
         loss = strategy.run(replica_fn, args=(x, y))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
 
-    history = {"loss": []}
+    history = state.history
     steps_per_worker = [0] * num_workers
     lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
     start = time.perf_counter()
     try:
-        for epoch in range(cfg["epochs"]):
+        for epoch in range(state.epoch, cfg["epochs"]):
             results = [coordinator.schedule(step, args=(iterator,))
                        for _ in range(steps_per_epoch)]
             coordinator.join()
@@ -168,6 +188,8 @@ def train(recipe, cfg: dict, cluster):
                          "its steps on the other workers and training goes on")
             _log(f"epoch {epoch + 1}/{cfg['epochs']} loss={history['loss'][-1]:.4f} "
                  f"steps_per_worker={steps_per_worker} lost_workers={sorted(lost)}")
+            state.epoch, state.global_step = epoch + 1, state.global_step + steps_per_epoch
+            store.save(state, model.variables, optimizer.variables, meta)
     except (tf.errors.OpError, ClusterError) as e:
         if _is_ps_error(e):
             raise _lost_ps_error(e, spec) from None
@@ -181,7 +203,7 @@ def train(recipe, cfg: dict, cluster):
     local.compile(**compile_kwargs)
     test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs, training=False)
     evaluation = local.evaluate(test_ds, verbose=0, return_dict=True)
-    total_steps = steps_per_epoch * cfg["epochs"]
+    total_steps = sum(steps_per_worker)  # this run's steps (a resumed run did fewer)
     metrics = {
         "recipe": recipe.RECIPE_NAME,
         "strategy": "parameter_server",
@@ -192,6 +214,7 @@ def train(recipe, cfg: dict, cluster):
         "learning_rate": lr,
         "epochs": cfg["epochs"],
         "steps": total_steps,
+        "global_step": state.global_step,
         "steps_per_worker": steps_per_worker,
         "lost_workers": [{"worker": i, "address": workers[i], "found_in_epoch": e + 1}
                          for i, e in sorted(lost.items())],
@@ -201,7 +224,7 @@ def train(recipe, cfg: dict, cluster):
         "wall_time_s": wall,
         "examples_per_s": total_steps * gbs / wall if wall > 0 else 0.0,
     }
-    writer = ChiefWriter(model_dir_for(cfg, recipe.RECIPE_NAME), cluster.is_chief)
+    writer = ChiefWriter(model_dir, cluster.is_chief)
     writer.save_model(local)
     path = writer.write_json("metrics.json", metrics)
     if lost:
