@@ -15,6 +15,7 @@ at the next step boundary and raises `Preempted`; a lost peer raises
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ import time
 from tfdist import cluster as cluster_lib
 from tfdist import data, optim, straggler, strategies
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
-from tfdist.errors import PeerLostError
+from tfdist.errors import ConfigError, PeerLostError
 
 
 class Preempted(Exception):
@@ -66,6 +67,9 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     """
     strategies.check_name(cfg["strategy"])
     strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
+    if cfg["tensorboard"] and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard needs the tensorboard package, which TensorFlow no "
+                          "longer installs: pip install 'tfdist[tensorboard]'.")
     optim.check(cfg)
     effective = cfg["global_batch_size"] * cfg["accumulate"]
     data.scale_learning_rate(cfg["learning_rate"], effective,

@@ -133,11 +133,15 @@ def test_tfrecord_files_use_file_sharding(tmp_path):
     model_dir = str(tmp_path / "m")
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", "-m",
                    "tfdist.train", "digits_mlp", "--data-dir", data_dir, "--epochs", "3",
-                   "--model-dir", model_dir, "--verbose", "0"])
+                   "--model-dir", model_dir, "--verbose", "0", "--tensorboard"])
     assert proc.returncode == 0, tail(proc)
     assert "input sharding: AutoShardPolicy.FILE" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert metrics["shard_policy"] == "FILE" and metrics["test"]["accuracy"] > 0.5
+    # TensorBoard: one event file, the chief's (a second worker would add its own).
+    events = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(model_dir, "logs"))
+              for f in fs if "tfevents" in f]
+    assert len(events) == 1 and os.path.basename(os.path.dirname(events[0])) == "train", events
 
 
 @pytest.mark.parametrize("key", ["mirrored_accum", "multi_worker_accum"])
