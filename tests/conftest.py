@@ -38,6 +38,9 @@ def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM_") and k != "TF_CONFIG"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    # Worker scripts in tests/workers must import this checkout's tfdist, not
+    # whichever checkout `pip install -e` last pointed at.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 

@@ -136,3 +136,10 @@ def test_describe_peer_failure_names_the_other_worker():
            "information from remote target /job:worker/replica:0/task:1 while calling ...")
     assert describe_peer_failure(msg, info) == "worker 1 (127.0.0.1:5001)"
     assert describe_peer_failure("/job:worker/replica:0/task:0/device:CPU:0 only", info) is None
+
+
+def test_preemption_check_period():
+    from tfdist.preemption import MULTI_PROCESS_CHECK_STEPS, default_check_steps
+
+    assert default_check_steps(1) == 1
+    assert default_check_steps(2) == default_check_steps(8) == MULTI_PROCESS_CHECK_STEPS == 20

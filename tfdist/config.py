@@ -41,7 +41,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "resume": True,              # resume from MODEL_DIR/backup if it holds a backup
     "keep": 3,                   # backups kept in MODEL_DIR/backup
     "save_every_steps": 0,       # also back up mid-epoch every N steps (0: epoch ends only)
-    "preempt_check_steps": 1,    # steps between workers' agreement on a SIGTERM
+    "preempt_check_steps": 0,    # steps between workers' agreement on a SIGTERM (0: auto)
     "csv_log": True,             # chief writes MODEL_DIR/history.csv each epoch
     "tensorboard": False,        # chief writes TensorBoard logs to MODEL_DIR/logs
     "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)

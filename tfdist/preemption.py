@@ -12,6 +12,21 @@ from __future__ import annotations
 import signal
 import threading
 
+# The agreement is a collective across processes: an eager all-reduce of one
+# scalar that also stops Keras from running ahead. Measured on 2 MWMS workers
+# (python -m tfdist.bench overhead): about 6 ms a step when done every step,
+# which cost 18-23% of throughput. Every 20 steps it is under 1%, and a
+# SIGTERM still gets its backup within 20 steps (Slurm's grace is minutes).
+MULTI_PROCESS_CHECK_STEPS = 20
+
+
+def default_check_steps(num_processes: int) -> int:
+    """Pure function: steps between agreements when the user did not choose.
+
+    One process needs no collective to decide, so it checks every step.
+    """
+    return 1 if num_processes <= 1 else MULTI_PROCESS_CHECK_STEPS
+
 
 class PreemptionWatcher:
     """Records that SIGTERM (or the given signals) arrived.

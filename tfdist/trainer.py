@@ -67,6 +67,9 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     """
     strategies.check_name(cfg["strategy"])
     strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
+    if cfg["preempt_check_steps"] < 0:
+        raise ConfigError(f"preempt_check_steps must be >= 0 (0: auto). Received: "
+                          f"{cfg['preempt_check_steps']}.")
     if cfg["tensorboard"] and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package, which TensorFlow no "
                           "longer installs: pip install 'tfdist[tensorboard]'.")
@@ -153,7 +156,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     import tensorflow as tf
 
     from tfdist import callbacks as cb
-    from tfdist.preemption import PreemptionWatcher
+    from tfdist.preemption import PreemptionWatcher, default_check_steps
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
     cpu_devices = cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0 else None
@@ -236,7 +239,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         store, state, meta, steps_per_epoch=steps_per_epoch,
         save_every_steps=cfg["save_every_steps"], watcher=watcher,
         agree=lambda flag: hooks.any_worker(strategy, flag),
-        check_every=max(1, cfg["preempt_check_steps"]))
+        check_every=cfg["preempt_check_steps"] or default_check_steps(cluster.num_workers))
     counter = _counter()
     # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
     # state before anything else runs, and averages metrics before they are recorded.

@@ -143,6 +143,7 @@ def test_sigterm_to_chief_saves_backup_and_exits_distinctly(baseline, tmp_path):
     step = int(err0.split("at global step ")[1].split(";")[0])
     newest = sorted(os.listdir(backup_dir))[-1]
     assert newest == f"ckpt-{step:010d}.npz" and 0 < step < 88
+    assert step % 20 == 0  # 2 processes agree every 20 steps (preemption.default_check_steps)
     assert "metrics.json" not in os.listdir(model_dir)
 
     proc = _launch(dump, model_dir)  # requeue: the same command continues
