@@ -20,4 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "async": "tfdist.bench.async_ps",
     "scaling": "tfdist.bench.scaling",
     "allreduce": "tfdist.bench.allreduce",
+    "overhead": "tfdist.bench.overhead",
+    "collectives": "tfdist.bench.collectives",
+    "comm": "tfdist.bench.comm",
 }
