@@ -104,7 +104,8 @@ def run(args) -> dict:
         busbw = allreduce.bus_bandwidth(mb * 1e6 / seconds / 1e9, args.workers)
         bw_source = f"measured: MWMS ring all-reduce of {mb:.1f} MB"
     bench_args = type("A", (), dict(out=args.out, steps=args.steps, warmup=args.warmup,
-                                    threads=args.threads, timeout=args.timeout, venv=None,
+                                    threads=args.threads, inter_op_threads=1,
+                                    timeout=args.timeout, venv=None,
                                     controller="gloo"))
     b = args.per_worker_batch
     one = scaling.one_run(bench_args, args.recipe, "multi_worker", 1, b, "comm_1")

@@ -2,8 +2,8 @@
 
 Every point is a real job: `tfdist.launch -n K` (or `horovodrun -np K` with
 `--strategies horovod`) running `tfdist.bench.train_worker`, i.e. the trainer
-itself, one intra-op thread per worker so K workers never get more cores
-than K single-threaded processes would. Throughput is the trainer's steady
+itself, one intra-op and one inter-op thread per worker, so that each
+worker uses one core and the 1-worker baseline no more than its share. Throughput is the trainer's steady
 state (examples/s after the first warm-up steps, which trace the step
 function); metrics.json's figure, which includes them, is kept beside it.
 
@@ -40,6 +40,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
+    parser.add_argument("--inter-op-threads", type=int, default=1,
+                        help="inter-op threads per worker (TF_NUM_INTEROP_THREADS; 0: TF's choice)")
     parser.add_argument("--venv", default=None, help="Horovod venv (default: as horovod-allreduce)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
 
@@ -66,6 +68,11 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
     """One job of `workers` processes; returns the chief's result line plus the load."""
     model_dir = os.path.join(os.path.abspath(args.out), "runs", label)
     env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
+    if getattr(args, "inter_op_threads", 0):
+        # One intra-op thread is not one core: with TensorFlow's default inter-op pool
+        # a `--threads 1` synthetic_cnn worker used 1.5 cores here (user/wall time),
+        # so 1 worker would get more of this host than each of 2 does.
+        env["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
     if strategy == "horovod":
         venv = runs.horovod_venv(args.venv)
         if venv is None:
@@ -109,7 +116,7 @@ def run(args) -> dict:
     return {"weak": {k: headline["weak"][k] for k in ("workers", "speedup", "efficiency")},
             "strong": {k: headline["strong"][k] for k in ("workers", "speedup", "efficiency")},
             "headline": first_recipe, "results": results, "threads": args.threads,
-            "steps": args.steps, "warmup_steps": args.warmup,
+            "inter_op_threads": args.inter_op_threads, "steps": args.steps, "warmup_steps": args.warmup,
             "note": "examples/s after the warm-up steps; 1 worker runs `single`; "
                     "all workers on one host"}
 
