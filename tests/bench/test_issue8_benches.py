@@ -29,7 +29,9 @@ def _bench(tmp_path, name, *flags, timeout=240):
 
 def test_scaling(tmp_path):
     result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "4",
-                            "--warmup", "1", "--per-worker-batch", "8")
+                            "--warmup", "1", "--per-worker-batch", "8",
+                            "--train-flags=--preempt-check-steps 100")
+    assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
     for mode in ("weak", "strong"):
         curve = result[mode]
         assert curve["workers"] == [1, 2] and curve["speedup"][0] == 1.0

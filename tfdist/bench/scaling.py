@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     parser.add_argument("--inter-op-threads", type=int, default=1,
                         help="inter-op threads per worker (TF_NUM_INTEROP_THREADS; 0: TF's choice)")
+    parser.add_argument("--train-flags", default="",
+                        help="extra tfdist.train flags for every run, e.g. "
+                             "'--preempt-check-steps 1000' (quote them as one argument)")
     parser.add_argument("--venv", default=None, help="Horovod venv (default: as horovod-allreduce)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
 
@@ -61,7 +64,7 @@ def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str) -> l
     return [recipe, "--strategy", strategy, "--global-batch-size", str(gbs),
             "--epochs", "1", "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
             "--verbose", "0", "--model-dir", model_dir, "--resume", "false",
-            "--csv-log", "false"]
+            "--csv-log", "false", *getattr(args, "train_flags", "").split()]
 
 
 def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str) -> dict:
@@ -116,7 +119,8 @@ def run(args) -> dict:
     return {"weak": {k: headline["weak"][k] for k in ("workers", "speedup", "efficiency")},
             "strong": {k: headline["strong"][k] for k in ("workers", "speedup", "efficiency")},
             "headline": first_recipe, "results": results, "threads": args.threads,
-            "inter_op_threads": args.inter_op_threads, "steps": args.steps, "warmup_steps": args.warmup,
+            "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
+            "steps": args.steps, "warmup_steps": args.warmup,
             "note": "examples/s after the warm-up steps; 1 worker runs `single`; "
                     "all workers on one host"}
 
