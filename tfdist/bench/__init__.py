@@ -18,4 +18,9 @@ SUBCOMMANDS: dict[str, str] = {
     "pipeline": "tfdist.bench.pipeline",
     "horovod-allreduce": "tfdist.bench.horovod_allreduce",
     "async": "tfdist.bench.async_ps",
+    "scaling": "tfdist.bench.scaling",
+    "allreduce": "tfdist.bench.allreduce",
+    "overhead": "tfdist.bench.overhead",
+    "collectives": "tfdist.bench.collectives",
+    "comm": "tfdist.bench.comm",
 }

@@ -1,0 +1,72 @@
+"""Pure arithmetic and command shapes of the issue-8 benchmarks (no processes, no timing)."""
+
+import pytest
+
+from tests.conftest import run_py, tail
+from tfdist.bench import allreduce, collectives, comm, runs, scaling, timing
+
+
+def test_speedup_and_efficiency_are_relative_to_one_worker():
+    speedup, efficiency = scaling.speedups([100.0, 150.0, 120.0], [1, 2, 3])
+    assert speedup == [1.0, 1.5, 1.2]
+    assert efficiency == pytest.approx([1.0, 0.75, 0.4])
+    with pytest.raises(ValueError, match="1 worker"):
+        scaling.speedups([1.0], [2])
+
+
+def test_sizes_and_bus_bandwidth():
+    assert allreduce.parse_sizes("4KB, 1MB,0.5GB") == pytest.approx([0.004, 1.0, 500.0])
+    with pytest.raises(ValueError, match="unit"):
+        allreduce.parse_sizes("64")
+    assert allreduce.bus_bandwidth(1.0, 2) == 1.0 and allreduce.bus_bandwidth(1.0, 4) == 1.5
+
+
+def test_comm_prediction_follows_the_ring_formula():
+    p = comm.predict(flops_per_example=1e6, batch_per_worker=100, grad_bytes=1e9, workers=4,
+                     gflops=10.0, busbw_gbs=2.0)
+    assert p["compute_s"] == pytest.approx(0.01)
+    assert p["comm_s"] == pytest.approx(2 * 3 / 4 * 0.5)
+    assert p["step_s"] == pytest.approx(p["compute_s"] + p["comm_s"])
+    assert comm.predict(1e6, 100, 1e9, 1, 10.0, 2.0)["comm_s"] == 0.0
+
+
+def test_collectives_expectations_and_check_catch_a_wrong_result():
+    assert collectives.expected("all_reduce", 0, 2).tolist() == [10, 12, 14, 16]
+    assert collectives.expected("reduce_scatter", 1, 2).tolist() == [14, 16]
+    assert collectives.expected("reduce", 1, 2) is None
+    good = [{"rank": r, "after": {op: (None if collectives.expected(op, r, 2) is None else
+                                       collectives.expected(op, r, 2).tolist())
+                                  for op in collectives.OPS}} for r in range(2)]
+    assert all(collectives.check(good, 2).values())
+    good[1]["after"]["broadcast"] = [9.0, 9.0, 9.0, 9.0]
+    assert collectives.check(good, 2)["broadcast"] is False
+
+
+def test_steady_step_time_skips_warmup():
+    assert timing.steady_step_s([0.0, 5.0, 6.0, 7.0, 8.0], warmup=1) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="warmup"):
+        timing.steady_step_s([0.0, 1.0], warmup=1)
+
+
+def test_result_lines_survive_launcher_prefixes():
+    out = "noise\n[worker 0] TFDIST_BENCH_RESULT {\"a\": 1}trailing\nTFDIST_BENCH_RESULT {\"b\": 2}"
+    assert runs.parse(out) == [{"a": 1}, {"b": 2}]
+
+
+def test_horovod_command_shapes():
+    cmd = runs.horovod_command("/v", 2, "mpi", "m", ["x"], "-mca foo 1")
+    assert cmd[:5] == ["/v/bin/horovodrun", "-np", "2", "-H", "localhost:2"]
+    assert "--mpi" in cmd and any(c.startswith("--mpi-args=--allow-run-as-root") for c in cmd)
+    assert cmd[-4:] == ["/v/bin/python", "-m", "m", "x"]
+    with pytest.raises(ValueError):
+        runs.horovod_command("/v", 2, "nccl", "m", [])
+
+
+def test_bench_modules_import_no_tensorflow():
+    proc = run_py(["-c", "import sys, tfdist.bench.__main__, tfdist.bench.scaling, "
+                         "tfdist.bench.allreduce, tfdist.bench.overhead, tfdist.bench.comm, "
+                         "tfdist.bench.collectives, tfdist.bench.runs, tfdist.bench.timing, "
+                         "tfdist.bench.raw_keras, tfdist.bench.train_worker; "
+                         "print('tensorflow' in sys.modules)"], timeout=60)
+    assert proc.returncode == 0, tail(proc)
+    assert proc.stdout.strip() == "False"

@@ -1,0 +1,86 @@
+"""Each issue-8 benchmark runs briefly on real processes and writes well-formed JSON + PNG.
+
+Not timing tests: tiny sizes, and only the report's shape and its internal
+arithmetic are asserted, never how fast anything ran.
+"""
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import run_py, tail
+
+pytestmark = pytest.mark.integration
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _bench(tmp_path, name, *flags, timeout=240):
+    out = str(tmp_path / "bench")
+    proc = run_py(["-m", "tfdist.bench", name, "--out", out, *flags], timeout=timeout)
+    assert proc.returncode == 0, tail(proc)
+    with open(os.path.join(out, f"{name}.png"), "rb") as f:
+        assert f.read(8) == PNG
+    with open(os.path.join(out, f"{name}.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert result["benchmark"] == name and result["machine"]["host_cpus"] >= 1
+    return result, proc.stdout
+
+
+def test_scaling(tmp_path):
+    result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "4",
+                            "--warmup", "1", "--per-worker-batch", "8",
+                            "--train-flags=--preempt-check-steps 100")
+    assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
+    for mode in ("weak", "strong"):
+        curve = result[mode]
+        assert curve["workers"] == [1, 2] and curve["speedup"][0] == 1.0
+        assert curve["efficiency"][1] == pytest.approx(curve["speedup"][1] / 2)
+        full = result["results"]["wide_mlp"]["multi_worker"][mode]
+        assert all(t > 0 for t in full["examples_per_s"])
+    gbs = result["results"]["wide_mlp"]["multi_worker"]
+    assert gbs["weak"]["global_batch_size"] == [8, 16] and gbs["strong"]["global_batch_size"] == [16, 16]
+    assert "efficiency" in stdout
+
+
+def test_allreduce_mwms(tmp_path):
+    result, stdout = _bench(tmp_path, "allreduce", "--sizes", "4KB,16MB", "--iters", "2",
+                            "--variants", "0")
+    (r,) = result["results"]
+    assert r["engine"] == "mwms" and [p["size_mb"] for p in r["points"]] == [0.004, 16.0]
+    for p in r["points"]:
+        assert p["busbw_gbs"] == pytest.approx(p["size_mb"] * 1e6 / p["seconds"] / 1e9)
+    assert result["fastest_16_64mb"] == "mwms ring"
+    assert result["goal_met"] == (result["fastest_min_busbw_16_64mb_gbs"] >= 1.2)
+    assert "goal >= 1.2 GB/s" in stdout
+
+
+def test_overhead(tmp_path):
+    result, stdout = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
+                            "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
+                            "--rounds", "1", "--variants", "no_csv_log")
+    med = result["median_examples_per_s"]
+    assert set(med) == {"tfdist", "raw", "no_csv_log"} and all(v > 0 for v in med.values())
+    assert result["ratio"] == pytest.approx(med["tfdist"] / med["raw"])
+    assert "ratio tfdist/raw" in stdout
+
+
+def test_collectives_two_workers_match_numpy(tmp_path):
+    result, stdout = _bench(tmp_path, "collectives", "--workers", "2")
+    assert result["all_passed"] is True and set(result["passed"]) == {
+        "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"}
+    w0, w1 = result["workers_results"]
+    assert w0["after"]["all_reduce"] == w1["after"]["all_reduce"] == [10.0, 12.0, 14.0, 16.0]
+    assert w1["after"]["broadcast"] == w0["before"]
+    assert "before" in stdout and "vs numpy" in stdout
+
+
+def test_comm(tmp_path):
+    result, stdout = _bench(tmp_path, "comm", "--steps", "4", "--warmup", "1",
+                            "--per-worker-batch", "8", "--bandwidth-gbs", "0.5", "--gflops", "50")
+    assert result["model"]["params"] == 4_731_914
+    p = result["predicted"]
+    assert p["step_s"] == pytest.approx(p["compute_s"] + p["comm_s"])
+    assert p["comm_s"] == pytest.approx(result["model"]["grad_bytes"] / 0.5e9)
+    assert result["measured_step_s"] > 0
+    assert "predicted ms" in stdout

@@ -1,0 +1,215 @@
+"""`python -m tfdist.bench allreduce`: all-reduce bandwidth per engine and tuning, side by side.
+
+Paths measured, each on `--ranks` real processes of this host:
+
+* MWMS: MultiWorkerMirroredStrategy all-reduce (`--collective ring`), started
+  by `tfdist.launch`, with and without `bytes_per_pack` packing;
+* Horovod Gloo and MPI (`horovodrun`, the Horovod venv, when installed), each
+  as shipped and with the tuning knobs tfdist can pass: fusion threshold and
+  cycle time (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME) and OpenMPI
+  transport settings (OMPI_MCA_* variables; `-mca btl` itself is set by
+horovodrun, see VARIANTS).
+
+Every point is the median of `--iters` timed float32 sum all-reduces after a
+warm-up. algbw = bytes / time; busbw = algbw x 2(n-1)/n (nccl-tests). The
+fastest path at 16-64 MB is compared with the issue's 1.2 GB/s goal.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+from tfdist.bench import runs
+
+DESCRIPTION = "all-reduce algbw/busbw, MWMS vs Horovod Gloo/MPI, with tuning knobs"
+GOAL_BUSBW_GBS = 1.2
+GOAL_RANGE_MB = (16.0, 64.0)
+# (label, engine, controller, extra env, extra mpi args): each a tuning tried honestly.
+VARIANTS = [
+    ("mwms ring", "mwms", None, {"bytes_per_pack": 0}, ""),
+    ("mwms ring, 4 MB packs", "mwms", None, {"bytes_per_pack": 4 << 20}, ""),
+    ("hvd gloo", "horovod", "gloo", {}, ""),
+    ("hvd gloo, fusion 128MB, cycle 0.1ms", "horovod", "gloo",
+     {"HOROVOD_FUSION_THRESHOLD": str(128 << 20), "HOROVOD_CYCLE_TIME": "0.1"}, ""),
+    ("hvd mpi", "horovod", "mpi", {}, ""),
+    # horovodrun already passes `-mca btl ^openib` (so vader, self and tcp remain and
+    # vader carries local traffic); a second `-mca btl` is refused by mpirun, so the
+    # shared-memory settings go in as OMPI_MCA_* variables instead.
+    ("hvd mpi, vader cma single-copy", "horovod", "mpi",
+     {"OMPI_MCA_btl_vader_single_copy_mechanism": "cma"}, ""),
+    ("hvd mpi, allreduce ring, cycle 0.1ms", "horovod", "mpi",
+     {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+      "HOROVOD_CYCLE_TIME": "0.1"}, ""),
+]
+
+
+def parse_sizes(text: str) -> list[float]:
+    """Pure function: '4KB,1MB,64MB' -> sizes in MB (1 MB = 1e6 bytes).
+
+    Raises:
+        ValueError: for a size without a KB/MB/GB unit or not positive.
+    """
+    units = {"KB": 1e-3, "MB": 1.0, "GB": 1e3}
+    out = []
+    for token in [t.strip().upper() for t in text.split(",") if t.strip()]:
+        unit = token[-2:]
+        if unit not in units:
+            raise ValueError(f"sizes need a KB, MB or GB unit. Received: {token!r}.")
+        value = float(token[:-2]) * units[unit]
+        if value <= 0:
+            raise ValueError(f"sizes must be positive. Received: {token!r}.")
+        out.append(value)
+    return out
+
+
+def bus_bandwidth(algbw: float, ranks: int) -> float:
+    """Pure function: nccl-tests' bus bandwidth of an all-reduce."""
+    return algbw * 2 * (ranks - 1) / ranks if ranks > 1 else algbw
+
+
+def add_arguments(parser) -> None:
+    """Flags of this benchmark."""
+    parser.add_argument("-n", "--ranks", type=int, default=2)
+    parser.add_argument("--sizes", default="4KB,256KB,1MB,4MB,16MB,32MB,64MB",
+                        help="comma-separated sizes with units, e.g. 4KB,19MB,128MB")
+    parser.add_argument("--iters", type=int, default=10, help="timed all-reduces per size")
+    parser.add_argument("--variants", default="all",
+                        help="'all', 'mwms', or comma-separated labels' indices (0-based)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument("--venv", default=None, help="Horovod venv")
+    parser.add_argument("--timeout", type=float, default=400.0, help="per variant, seconds")
+
+
+def _select(spec: str, have_horovod: bool) -> list[tuple]:
+    if spec == "all":
+        chosen = VARIANTS
+    elif spec == "mwms":
+        chosen = [v for v in VARIANTS if v[1] == "mwms"]
+    else:
+        chosen = [VARIANTS[int(i)] for i in spec.split(",")]
+    return [v for v in chosen if v[1] == "mwms" or have_horovod]
+
+
+def _measure(variant, args, sizes_mb) -> list[float]:
+    label, engine, controller, knobs, mpi_args = variant
+    spec = {"sizes_mb": sizes_mb, "iters": args.iters, "threads": args.threads, **knobs}
+    if engine == "mwms":
+        cmd = runs.launch_command(args.ranks, "tfdist.bench.allreduce",
+                                  ["--worker", json.dumps(spec)], args.timeout)
+        env = {}
+    else:
+        cmd = runs.horovod_command(args.venv_path, args.ranks, controller,
+                                   "tfdist.bench.horovod_allreduce",
+                                   ["--worker", json.dumps(spec)], mpi_args)
+        env = knobs
+    return runs.run(cmd, args.timeout, env, what=label)[0]["seconds"]
+
+
+def run(args) -> dict:
+    """Measures every selected variant; returns per-size bandwidths and the verdict."""
+    sizes_mb = parse_sizes(args.sizes)
+    args.venv_path = runs.horovod_venv(args.venv)
+    results = []
+    for variant in _select(args.variants, args.venv_path is not None):
+        load = runs.load_average()
+        seconds = _measure(variant, args, sizes_mb)
+        points = [{"size_mb": mb, "seconds": s, "algbw_gbs": mb * 1e6 / s / 1e9,
+                   "busbw_gbs": bus_bandwidth(mb * 1e6 / s / 1e9, args.ranks)}
+                  for mb, s in zip(sizes_mb, seconds)]
+        results.append({"label": variant[0], "engine": variant[1], "controller": variant[2],
+                        "knobs": variant[3], "mpi_args": variant[4], "load_avg_1m": load,
+                        "points": points})
+    lo, hi = GOAL_RANGE_MB
+    in_range = {r["label"]: [p["busbw_gbs"] for p in r["points"] if lo <= p["size_mb"] <= hi]
+                for r in results}
+    scored = {k: min(v) for k, v in in_range.items() if v}
+    fastest = max(scored, key=scored.get) if scored else None
+    return {"ranks": args.ranks, "iters": args.iters, "sizes_mb": sizes_mb,
+            "horovod_venv": args.venv_path, "results": results,
+            "fastest_16_64mb": fastest,
+            "fastest_min_busbw_16_64mb_gbs": scored.get(fastest),
+            "goal_busbw_gbs": GOAL_BUSBW_GBS,
+            "goal_met": bool(fastest and scored[fastest] >= GOAL_BUSBW_GBS),
+            "note": "median of iters per size; all ranks on one host; the fastest path is "
+                    "the one whose slowest size in 16-64 MB is fastest"}
+
+
+def table(result: dict) -> str:
+    """busbw per size (rows) and variant (columns), then the verdict."""
+    from tfdist.bench.report import format_table
+
+    labels = [r["label"] for r in result["results"]]
+    rows = []
+    for i, mb in enumerate(result["sizes_mb"]):
+        rows.append([f"{mb:g}"] + [r["points"][i]["busbw_gbs"] for r in result["results"]])
+    rows.append(["load 1m"] + [r["load_avg_1m"] for r in result["results"]])
+    out = format_table(["MB \\ busbw GB/s"] + labels, rows)
+    best = result["fastest_16_64mb"]
+    verdict = (f"fastest at 16-64 MB: {best}, min busbw {result['fastest_min_busbw_16_64mb_gbs']:.3f}"
+               f" GB/s; goal >= {result['goal_busbw_gbs']} GB/s: "
+               f"{'met' if result['goal_met'] else 'NOT met'}") if best else "no size in 16-64 MB"
+    return f"{out}\n{verdict}"
+
+
+def plot(result: dict, fig) -> None:
+    """busbw against message size, one line per variant."""
+    ax = fig.add_subplot(111)
+    for r in result["results"]:
+        ax.plot([p["size_mb"] for p in r["points"]], [p["busbw_gbs"] for p in r["points"]],
+                "o-", label=r["label"])
+    ax.axhline(result["goal_busbw_gbs"], color="red", linestyle="--", label="goal")
+    ax.set_xscale("log")
+    ax.set_xlabel("message size (MB)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"all-reduce, {result['ranks']} ranks on one host")
+    ax.legend(fontsize=7)
+
+
+def _mwms_worker(spec: dict) -> None:
+    """Runs on every MWMS worker: median seconds per all-reduce per size."""
+    import tensorflow as tf
+
+    from tfdist.cluster import detect
+    from tfdist.strategies import StrategyOptions, build_strategy
+    from tfdist.strategies.devices import configure_runtime
+
+    configure_runtime(intra_op_threads=spec["threads"])
+    cluster = detect()
+    strategy = build_strategy("multi_worker", cluster, StrategyOptions(collective="ring"))
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=spec["bytes_per_pack"],
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+
+    @tf.function
+    def step(x):
+        def fn(t):
+            # identity: a tf.function argument has no device, and the all-reduce
+            # needs one (ValueError: destinations can not be empty); no copy on CPU.
+            t = tf.identity(t)
+            # Only a slice comes back to Python: the timing is the collective's, not a copy's.
+            return tf.distribute.get_replica_context().all_reduce("SUM", t, options=options)[:1]
+        return strategy.run(fn, args=(x,))
+
+    seconds = []
+    for mb in spec["sizes_mb"]:
+        n = max(1, int(mb * 1e6 / 4))
+        # A distributed value lives on the replica's device, as gradients do.
+        x = strategy.experimental_distribute_values_from_function(
+            lambda _ctx, n=n: tf.ones([n], tf.float32))
+        step(x).numpy()  # warm-up: trace, instance keys, buffers
+        times = []
+        for _ in range(spec["iters"]):
+            start = time.perf_counter()
+            step(x).numpy()
+            times.append(time.perf_counter() - start)
+        seconds.append(statistics.median(times))
+    if cluster.is_chief:
+        runs.emit({"seconds": seconds})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        _mwms_worker(json.loads(sys.argv[2]))

@@ -1,0 +1,79 @@
+"""Starting benchmark processes and reading their results (imports no TensorFlow).
+
+Benchmark workers print one line `TFDIST_BENCH_RESULT {json}`; the launchers
+(`tfdist.launch`, `horovodrun`) prefix or interleave other output, so the
+first JSON value after the mark is decoded and everything else ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+MARK = "TFDIST_BENCH_RESULT "
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tfdist", "horovod-venv")
+MPI_ROOT_ARGS = "--allow-run-as-root --oversubscribe"
+
+
+def emit(result: dict) -> None:
+    """Prints a worker's result line (call on one rank only unless all are wanted)."""
+    print(MARK + json.dumps(result), flush=True)
+
+
+def parse(stdout: str) -> list[dict]:
+    """Pure function: every result line's JSON, in output order."""
+    out = []
+    for line in stdout.splitlines():
+        if MARK in line:
+            out.append(json.JSONDecoder().raw_decode(line.split(MARK, 1)[1].strip())[0])
+    return out
+
+
+def horovod_venv(explicit: str | None = None) -> str | None:
+    """The Horovod venv (argument, $TFDIST_HOROVOD_VENV, default) if it has horovodrun."""
+    venv = explicit or os.environ.get("TFDIST_HOROVOD_VENV") or DEFAULT_VENV
+    return venv if os.access(os.path.join(venv, "bin", "horovodrun"), os.X_OK) else None
+
+
+def launch_command(workers: int, module: str, args: list[str], timeout_s: float) -> list[str]:
+    """Pure function: `python -m tfdist.launch -n N -- python -m MODULE ARGS`."""
+    return [sys.executable, "-m", "tfdist.launch", "-n", str(workers), "--timeout",
+            f"{timeout_s:g}", "--", sys.executable, "-m", module, *args]
+
+
+def horovod_command(venv: str, ranks: int, controller: str, module: str, args: list[str],
+                    mpi_args: str = "") -> list[str]:
+    """Pure function: `horovodrun -np N -H localhost:N --gloo|--mpi VENV/python -m MODULE ARGS`."""
+    if controller not in ("gloo", "mpi"):
+        raise ValueError(f"controller must be 'gloo' or 'mpi'. Received: {controller!r}.")
+    cmd = [os.path.join(venv, "bin", "horovodrun"), "-np", str(ranks), "-H",
+           f"localhost:{ranks}", f"--{controller}"]
+    if controller == "mpi":
+        cmd.append(f"--mpi-args={MPI_ROOT_ARGS} {mpi_args}".strip())
+    return cmd + [os.path.join(venv, "bin", "python"), "-m", module, *args]
+
+
+def run(cmd: list[str], timeout_s: float, env: dict | None = None,
+        what: str = "benchmark") -> list[dict]:
+    """Runs `cmd` from the repository root; returns its result lines.
+
+    Raises:
+        RuntimeError: when it fails or prints no result, with its output's tail.
+    """
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": REPO, **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          env=full_env, cwd=REPO)
+    results = parse(proc.stdout)
+    if proc.returncode != 0 or not results:
+        raise RuntimeError(f"{what} failed (rc={proc.returncode}): {' '.join(cmd)}\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return results
+
+
+def load_average() -> float:
+    """The 1-minute load average, recorded next to every figure."""
+    return os.getloadavg()[0]

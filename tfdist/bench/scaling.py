@@ -1,0 +1,158 @@
+"""`python -m tfdist.bench scaling`: weak and strong scaling over 1..N workers on this host.
+
+Every point is a real job: `tfdist.launch -n K` (or `horovodrun -np K` with
+`--strategies horovod`) running `tfdist.bench.train_worker`, i.e. the trainer
+itself, one intra-op and one inter-op thread per worker, so that each
+worker uses one core and the 1-worker baseline no more than its share. Throughput is the trainer's steady
+state (examples/s after the first warm-up steps, which trace the step
+function); metrics.json's figure, which includes them, is kept beside it.
+
+Weak scaling keeps the examples per worker fixed (global batch = K x
+per-worker batch); strong scaling keeps the global batch fixed (= N x
+per-worker batch). In both, speedup = T1/TK for the same amount of work per
+worker (weak: scaled speedup, throughput_K / throughput_1) or in total
+(strong), and efficiency = speedup / K.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tfdist.bench import runs
+
+DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, efficiency = speedup/N)"
+# Examples per worker for weak scaling: FINDINGS.md's 4.7M MLP figure used 128.
+PER_WORKER = {"synthetic_cnn": 64, "wide_mlp": 128}
+MODES = ("weak", "strong")
+
+
+def add_arguments(parser) -> None:
+    """Flags of this benchmark."""
+    parser.add_argument("-n", "--workers", type=int, default=2, help="largest worker count N")
+    parser.add_argument("--recipes", default="synthetic_cnn,wide_mlp",
+                        help="comma-separated; the first is the headline `weak`/`strong`")
+    parser.add_argument("--strategies", default="multi_worker",
+                        help="comma-separated: multi_worker and/or horovod (needs the venv)")
+    parser.add_argument("--controller", default="gloo", choices=("gloo", "mpi"),
+                        help="horovodrun controller for --strategies horovod")
+    parser.add_argument("--per-worker-batch", type=int, default=0,
+                        help=f"examples per worker (0: per recipe, {PER_WORKER})")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per run")
+    parser.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
+    parser.add_argument("--inter-op-threads", type=int, default=1,
+                        help="inter-op threads per worker (TF_NUM_INTEROP_THREADS; 0: TF's choice)")
+    parser.add_argument("--train-flags", default="",
+                        help="extra tfdist.train flags for every run, e.g. "
+                             "'--preempt-check-steps 1000' (quote them as one argument)")
+    parser.add_argument("--venv", default=None, help="Horovod venv (default: as horovod-allreduce)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+
+
+def speedups(throughputs: list[float], workers: list[int]) -> tuple[list[float], list[float]]:
+    """Pure function: (speedup, efficiency) per worker count from examples/s.
+
+    Speedup is relative to the first entry, which must be 1 worker.
+    """
+    if not workers or workers[0] != 1:
+        raise ValueError(f"the first point must be 1 worker. Received: workers={workers}.")
+    speedup = [t / throughputs[0] for t in throughputs]
+    return speedup, [s / k for s, k in zip(speedup, workers)]
+
+
+def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str) -> list[str]:
+    return [recipe, "--strategy", strategy, "--global-batch-size", str(gbs),
+            "--epochs", "1", "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
+            "--verbose", "0", "--model-dir", model_dir, "--resume", "false",
+            "--csv-log", "false", *getattr(args, "train_flags", "").split()]
+
+
+def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str) -> dict:
+    """One job of `workers` processes; returns the chief's result line plus the load."""
+    model_dir = os.path.join(os.path.abspath(args.out), "runs", label)
+    env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
+    if getattr(args, "inter_op_threads", 0):
+        # One intra-op thread is not one core: with TensorFlow's default inter-op pool
+        # a `--threads 1` synthetic_cnn worker used 1.5 cores here (user/wall time),
+        # so 1 worker would get more of this host than each of 2 does.
+        env["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
+    if strategy == "horovod":
+        venv = runs.horovod_venv(args.venv)
+        if venv is None:
+            raise SystemExit("error: --strategies horovod needs the Horovod venv. "
+                             "HINT: run scripts/install_horovod.sh")
+        cmd = runs.horovod_command(venv, workers, args.controller, "tfdist.bench.train_worker",
+                                   _train_args(args, recipe, "horovod", gbs, model_dir))
+    else:
+        # One worker runs `single`: the baseline pays for no collective at all.
+        cmd = runs.launch_command(workers, "tfdist.bench.train_worker",
+                                  _train_args(args, recipe, "single" if workers == 1 else strategy,
+                                              gbs, model_dir), args.timeout)
+    load = runs.load_average()
+    result = runs.run(cmd, args.timeout + 60, env, what=f"scaling run {label}")[0]
+    return {**result, "workers": workers, "load_avg_1m": load}
+
+
+def run(args) -> dict:
+    """Runs every (recipe, strategy, mode, K) point; returns the curves."""
+    counts = list(range(1, args.workers + 1))
+    results = {}
+    for recipe in [r for r in args.recipes.split(",") if r]:
+        per_worker = args.per_worker_batch or PER_WORKER.get(recipe, 64)
+        for strategy in [s for s in args.strategies.split(",") if s]:
+            curves = {}
+            for mode in MODES:
+                points = []
+                for k in counts:
+                    gbs = per_worker * (k if mode == "weak" else args.workers)
+                    points.append(one_run(args, recipe, strategy, k, gbs,
+                                          f"{recipe}_{strategy}_{mode}_{k}"))
+                tput = [p["examples_per_s"] for p in points]
+                speedup, efficiency = speedups(tput, counts)
+                curves[mode] = {"workers": counts, "speedup": speedup, "efficiency": efficiency,
+                                "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
+                                "global_batch_size": [p["global_batch_size"] for p in points],
+                                "runs": points}
+            results.setdefault(recipe, {})[strategy] = curves
+    first_recipe = next(iter(results))
+    headline = results[first_recipe][next(iter(results[first_recipe]))]
+    return {"weak": {k: headline["weak"][k] for k in ("workers", "speedup", "efficiency")},
+            "strong": {k: headline["strong"][k] for k in ("workers", "speedup", "efficiency")},
+            "headline": first_recipe, "results": results, "threads": args.threads,
+            "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
+            "steps": args.steps, "warmup_steps": args.warmup,
+            "note": "examples/s after the warm-up steps; 1 worker runs `single`; "
+                    "all workers on one host"}
+
+
+def table(result: dict) -> str:
+    """One row per (recipe, strategy, mode, workers)."""
+    from tfdist.bench.report import format_table
+
+    rows = []
+    for recipe, by_strategy in result["results"].items():
+        for strategy, curves in by_strategy.items():
+            for mode in MODES:
+                c = curves[mode]
+                for i, k in enumerate(c["workers"]):
+                    rows.append([recipe, strategy, mode, k, c["global_batch_size"][i],
+                                 c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
+                                 c["efficiency"][i], c["runs"][i]["load_avg_1m"]])
+    return format_table(["recipe", "strategy", "mode", "workers", "global batch", "step ms",
+                         "examples/s", "speedup", "efficiency", "load 1m"], rows)
+
+
+def plot(result: dict, fig) -> None:
+    """Efficiency per worker count, weak and strong, per recipe/strategy."""
+    axes = fig.subplots(1, 2)
+    for ax, mode in zip(axes, MODES):
+        for recipe, by_strategy in result["results"].items():
+            for strategy, curves in by_strategy.items():
+                c = curves[mode]
+                ax.plot(c["workers"], c["efficiency"], "o-", label=f"{recipe} ({strategy})")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("efficiency (speedup / N)")
+        ax.set_ylim(0, 1.2)
+        ax.set_title(f"{mode} scaling")
+        ax.legend(fontsize=7)

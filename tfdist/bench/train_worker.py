@@ -1,0 +1,36 @@
+"""`python -m tfdist.bench.train_worker RECIPE [--key value ...]`: tfdist.train plus a step timer.
+
+Trains exactly as `python -m tfdist.train` does (same parsing, same
+`trainer.train`), adding only a callback that timestamps steps; the chief
+prints the trainer's metrics and the steady-state step time as a result line.
+Started by the benchmarks under `tfdist.launch` or `horovodrun`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    warmup = int(os.environ.get("TFDIST_BENCH_WARMUP_STEPS", "3"))
+    from tfdist import cluster, train, trainer
+    from tfdist.bench import runs, timing
+
+    recipe, cfg = train.parse(argv)
+    timer = timing.step_timer()
+    result = trainer.train(recipe, cfg, cluster.detect(), callbacks=[timer])
+    if result.cluster.is_chief:
+        m = result.metrics
+        step_s = timing.steady_step_s(timer.times, warmup)
+        runs.emit({"strategy": m["strategy"], "num_replicas": m["num_replicas"],
+                   "num_workers": m["num_workers"], "global_batch_size": m["global_batch_size"],
+                   "steps": len(timer.times), "warmup_steps": warmup,
+                   "metrics_examples_per_s": m["examples_per_s"], "wall_time_s": m["wall_time_s"],
+                   "step_s": step_s, "examples_per_s": m["global_batch_size"] / step_s,
+                   "final_loss": m["history"]["loss"][-1] if m["history"].get("loss") else None})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
