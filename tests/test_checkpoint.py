@@ -143,3 +143,19 @@ def test_preemption_check_period():
 
     assert default_check_steps(1) == 1
     assert default_check_steps(2) == default_check_steps(8) == MULTI_PROCESS_CHECK_STEPS == 20
+
+
+def test_resume_restores_or_clears(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars(2.0)
+    assert store.resume(True, META, model, opt) == (None, None)  # nothing to resume
+    path = store.save(TrainState(epoch=1, global_step=22), model, opt, META)
+    fresh, fresh_opt = _vars(0.0)
+    state, got = store.resume(True, META, fresh, fresh_opt)
+    assert got == path and state.global_step == 22 and float(fresh[1].value[0]) == 2.0
+    # A non-chief never deletes; the chief does, and says what it removed.
+    assert BackupStore(str(tmp_path), is_chief=False).resume(False, META, model, opt) == (
+        None, path)
+    assert os.path.exists(path)
+    assert store.resume(False, META, model, opt) == (None, path)
+    assert store.paths() == []

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -242,6 +243,40 @@ class BackupStore:
                     raise CheckpointError(
                         f"Backup {path} cannot be resumed: {what} variable {wp!r} has shape "
                         f"{ws} ({wd}) here but {gs} ({gd}) in the backup ({gp!r}). {hint}")
+
+    def resume(self, enabled: bool, meta: dict, model_vars, optimizer_vars,
+               scope=contextlib.nullcontext) -> tuple[TrainState | None, str | None]:
+        """Restores the newest backup into the variables, or clears old backups.
+
+        Args:
+            enabled: False for --no-resume: the chief deletes old backups, which
+                would otherwise shadow the new run's.
+            meta: This run's identity (recipe, num_replicas, global_batch_size).
+            model_vars: Model variables to fill.
+            optimizer_vars: Optimizer variables to fill (built already).
+            scope: Context manager for the assignments (the strategy's scope).
+
+        Returns:
+            (state, path) of the backup resumed from; (None, path of the newest
+            deleted backup) after --no-resume; (None, None) when there was none.
+
+        Raises:
+            CheckpointError: when the newest backup is corrupt or from another run.
+        """
+        latest = self.latest()
+        if latest and not enabled:
+            if self.is_chief:
+                shutil.rmtree(self.directory)
+            return None, latest
+        if not latest:
+            return None, None
+        record, arrays = self.load(latest)
+        self.check_compatible(latest, record, {
+            **meta, "model_signature": signature(model_vars),
+            "optimizer_signature": signature(optimizer_vars)})
+        with scope():
+            self.restore(arrays, model_vars, optimizer_vars)
+        return TrainState(**record["state"]), latest
 
     @staticmethod
     def restore(arrays: dict, model_vars, optimizer_vars) -> None:

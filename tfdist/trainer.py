@@ -18,13 +18,12 @@ import dataclasses
 import importlib.util
 import os
 import re
-import shutil
 import sys
 import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import data, optim, straggler, strategies
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError, PeerLostError
 
 
@@ -217,20 +216,13 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     # --- resume ---------------------------------------------------------
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": replicas, "global_batch_size": gbs}
-    state, resumed_from = TrainState(), None
-    latest = store.latest()
-    if latest and cfg["resume"]:
-        record, arrays = store.load(latest)
-        store.check_compatible(latest, record, {
-            **meta, "model_signature": signature(model.variables),
-            "optimizer_signature": signature(optimizer.variables)})
-        with strategy.scope():
-            store.restore(arrays, model.variables, optimizer.variables)
-        state, resumed_from = TrainState(**record["state"]), latest
-        _log(cluster, f"resumed from {latest}: epoch {state.epoch}, step {state.step_in_epoch} "
-                      f"of {steps_per_epoch} (global step {state.global_step})")
-    elif latest and cluster.is_chief:
-        shutil.rmtree(store.directory)  # --no-resume: stale backups must not shadow new ones
+    restored, backup = store.resume(cfg["resume"], meta, model.variables,
+                                    optimizer.variables, strategy.scope)
+    state, resumed_from = (restored, backup) if restored else (TrainState(), None)
+    if restored:
+        _log(cluster, f"resumed from {backup}: epoch {state.epoch}, step "
+                      f"{state.step_in_epoch} of {steps_per_epoch} (global step {state.global_step})")
+    elif backup:
         _log(cluster, f"--no-resume: removed old backups in {store.directory}")
 
     # --- train ----------------------------------------------------------

@@ -22,10 +22,8 @@ from __future__ import annotations
 import re
 import time
 
-import shutil
-
 from tfdist import data, optim, strategies
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, signature
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ClusterError
 from tfdist.ps import reachable
 
@@ -116,18 +114,13 @@ def train(recipe, cfg: dict, cluster):
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs}
-    state, latest = TrainState(history={"loss": []}), store.latest()
-    if latest and cfg["resume"]:
-        record, arrays = store.load(latest)
-        store.check_compatible(latest, record, {
-            **meta, "model_signature": signature(model.variables),
-            "optimizer_signature": signature(optimizer.variables)})
-        with strategy.scope():  # assigns go to the ps tasks
-            store.restore(arrays, model.variables, optimizer.variables)
-        state = TrainState(**record["state"])
+    # Assignments inside the scope go to the ps tasks.
+    restored, latest = store.resume(cfg["resume"], meta, model.variables, optimizer.variables,
+                                    strategy.scope)
+    state = restored or TrainState(history={"loss": []})
+    if restored:
         _log(f"resumed from {latest}: epoch {state.epoch} (global step {state.global_step})")
     elif latest:
-        shutil.rmtree(store.directory)  # --no-resume: stale backups must not shadow new ones
         _log(f"--no-resume: removed old backups in {store.directory}")
 
     def dataset_fn(_input_context):
