@@ -35,6 +35,9 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "collective": "auto",        # multi_worker collective: auto | ring | nccl
     "collective_timeout_s": 300.0,  # a dead peer ends the job after this long
     "threads": 0,                # intra-op threads per process; 0: TensorFlow's choice
+    # inter-op threads per process; 0: TensorFlow's choice. With --threads 1 a worker
+    # still used ~1.5 cores through the inter-op pool (bench scaling); 1 makes it one.
+    "inter_op_threads": 0,
     "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
     "steps_per_epoch": 0,        # 0: one pass over the data
     "verbose": 1,                # Keras progress (chief only): 0, 1 or 2

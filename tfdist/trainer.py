@@ -159,7 +159,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
     cpu_devices = cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0 else None
-    configure_runtime(cpu_devices=cpu_devices, intra_op_threads=cfg["threads"] or None)
+    configure_runtime(cpu_devices=cpu_devices, intra_op_threads=cfg["threads"] or None,
+                      inter_op_threads=cfg["inter_op_threads"] or None)
     if cfg["deterministic"]:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(cfg["seed"])
