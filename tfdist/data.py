@@ -112,6 +112,11 @@ class Source:
     num_files: int = 0
 
 
+def as_source(obj) -> Source:
+    """A recipe's `build_dataset` result as a Source (a plain Dataset has no files)."""
+    return obj if isinstance(obj, Source) else Source(dataset=obj)
+
+
 def tfrecord_files(data_dir: str, split: str) -> list[str]:
     """Sorted TFRecord files for a split: `DATA_DIR/SPLIT-*.tfrecord`.
 
@@ -169,8 +174,7 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
     """
     import tensorflow as tf
 
-    if not isinstance(source, Source):
-        source = Source(dataset=source)
+    source = as_source(source)
     ds = source.dataset
     if training and shuffle_buffer > 0:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
@@ -196,8 +200,9 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
     return ds.with_options(options)
 
 
-def count_batches(dataset) -> int:
-    """Batches in one pass of a finite dataset (iterates it when TF can't tell)."""
+def count_elements(dataset) -> int:
+    """Elements (examples, or batches of a batched dataset) in one pass of a
+    finite dataset; iterates it when TensorFlow can't tell."""
     import tensorflow as tf
 
     n = int(dataset.cardinality())

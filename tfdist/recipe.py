@@ -70,3 +70,8 @@ def load(name_or_path: str) -> ModuleType:
                           f"{list(REQUIRED)}.")
     module.RECIPE_NAME = name
     return module
+
+
+def compile_kwargs(recipe: ModuleType, cfg: dict) -> dict:
+    """The recipe's loss and metrics for `model.compile` ({} when it defines none)."""
+    return recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}

@@ -23,6 +23,7 @@ import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import data, optim, straggler, strategies
+from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError, PeerLostError
 
@@ -196,7 +197,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
                             shard_by=hooks.input_shard(),
                             repeat=repeat, skip_batches=skip_batches)
 
-    steps_per_epoch = cfg["steps_per_epoch"] or data.count_batches(train_dataset(repeat=False))
+    steps_per_epoch = cfg["steps_per_epoch"] or data.count_elements(train_dataset(repeat=False))
     test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs,
                            num_workers=cluster.num_workers, training=False)
     policy = test_ds.options().experimental_distribute.auto_shard_policy.name
@@ -208,8 +209,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     with strategy.scope():
         model = hooks.transform_model(recipe.build_model(cfg))
         optimizer = hooks.wrap_optimizer(optim.build_optimizer(cfg, lr))
-        compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
-        model.compile(optimizer=optimizer, **compile_kwargs)
+        model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg))
         optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
         # Keras builds optimizers lazily; build now so a backup can fill its slots.
         optimizer.build(model.trainable_variables)

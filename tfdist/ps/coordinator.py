@@ -23,6 +23,7 @@ import re
 import time
 
 from tfdist import data, optim, strategies
+from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ClusterError
 from tfdist.ps import reachable
@@ -30,14 +31,6 @@ from tfdist.ps import reachable
 
 def _log(message: str) -> None:
     print(f"tfdist: {message}", flush=True)
-
-
-def count_examples(dataset) -> int:
-    """Examples in an unbatched dataset (counted when its cardinality is unknown)."""
-    n = int(dataset.cardinality())
-    if n >= 0:
-        return n
-    return int(dataset.reduce(0, lambda count, _: count + 1))
 
 
 def _lost_ps_error(error, spec) -> ClusterError:
@@ -90,15 +83,15 @@ def train(recipe, cfg: dict, cluster):
     lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
                                   cfg["lr_scaling"])
     train_source = recipe.build_dataset(cfg, "train")
-    train_unbatched = getattr(train_source, "dataset", train_source)
-    num_examples = count_examples(train_unbatched)
+    train_unbatched = data.as_source(train_source).dataset
+    num_examples = data.count_elements(train_unbatched)
     steps_per_epoch = cfg["steps_per_epoch"] or max(1, num_examples // gbs)
     _log(f"recipe={recipe.RECIPE_NAME} strategy=parameter_server workers={len(workers)} "
          f"ps={len(spec['ps'])} batch_per_step={gbs} steps_per_epoch={steps_per_epoch} "
          f"learning_rate={lr:g} ps_shards={cfg['ps_shards']} "
          f"straggler={cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}")
 
-    compile_kwargs = recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
+    compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
         model = recipe.build_model(cfg)
         optimizer = optim.build_optimizer(cfg, lr)
@@ -125,7 +118,7 @@ def train(recipe, cfg: dict, cluster):
 
     def dataset_fn(_input_context):
         source = recipe.build_dataset(cfg, "train")
-        ds = getattr(source, "dataset", source)
+        ds = data.as_source(source).dataset
         # Disjoint shards: without this every worker would read the same examples.
         index = tf.distribute.coordinator.experimental_get_current_worker_index()
         ds = ds.shard(num_workers, index)
