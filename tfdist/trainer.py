@@ -64,6 +64,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     Raises:
         ConfigError: for an unknown strategy, a batch that cannot divide, a
             bad scaling rule.
+        ClusterError: for `shm` workers on several hosts.
     """
     strategies.check_name(cfg["strategy"])
     strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
@@ -80,8 +81,12 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     # Replica counts known before TensorFlow starts (CPU-only layouts).
     if cfg["strategy"] == "mirrored" and cfg["devices"] > 1:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
-    if cfg["strategy"] in ("multi_worker", "horovod", "auto") and cluster.is_multi_worker:
+    if cfg["strategy"] in ("multi_worker", "horovod", "shm", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
+    if cfg["strategy"] == "shm" and cluster.is_multi_worker:
+        from tfdist.shm import runtime as shm_runtime
+
+        shm_runtime.rendezvous_address(cluster)  # every worker on this host
     if cfg["strategy"] in ("model_parallel", "pipeline"):
         from tfdist.model_parallel import plan
 
@@ -92,6 +97,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
 
 
 _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+_SHM_PEER = re.compile(r"shared-memory engine: rank (\d+)")  # tfdist.shm's PeerLostError
 
 
 def describe_peer_failure(message: str, cluster) -> str | None:
@@ -103,6 +109,12 @@ def describe_peer_failure(message: str, cluster) -> str | None:
         addresses = (cluster.tf_config or {}).get("cluster", {}).get(job, [])
         where = f" ({addresses[task]})" if task < len(addresses) else ""
         return f"{job} {task}{where}"
+    for rank in _SHM_PEER.findall(message):
+        spec = (cluster.tf_config or {}).get("cluster", {})
+        addresses = [*spec.get("chief", []), *spec.get("worker", [])]
+        rank = int(rank)
+        where = f" ({addresses[rank]})" if rank < len(addresses) else ""
+        return f"worker {rank}{where}"
     return None
 
 
@@ -209,7 +221,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     with strategy.scope():
         model = hooks.transform_model(recipe.build_model(cfg))
         optimizer = hooks.wrap_optimizer(optim.build_optimizer(cfg, lr))
-        model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg))
+        model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
+                      **hooks.compile_kwargs())
         optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
         # Keras builds optimizers lazily; build now so a backup can fill its slots.
         optimizer.build(model.trainable_variables)

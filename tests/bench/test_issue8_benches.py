@@ -30,27 +30,32 @@ def _bench(tmp_path, name, *flags, timeout=240):
 def test_scaling(tmp_path):
     result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "4",
                             "--warmup", "1", "--per-worker-batch", "8",
+                            "--strategies", "multi_worker,shm",
                             "--train-flags=--preempt-check-steps 100")
     assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
     for mode in ("weak", "strong"):
         curve = result[mode]
         assert curve["workers"] == [1, 2] and curve["speedup"][0] == 1.0
         assert curve["efficiency"][1] == pytest.approx(curve["speedup"][1] / 2)
-        full = result["results"]["wide_mlp"]["multi_worker"][mode]
-        assert all(t > 0 for t in full["examples_per_s"])
+        for strategy in ("multi_worker", "shm"):
+            full = result["results"]["wide_mlp"][strategy][mode]
+            assert all(t > 0 for t in full["examples_per_s"])
+            assert [r["num_workers"] for r in full["runs"]] == [1, 2]
     gbs = result["results"]["wide_mlp"]["multi_worker"]
     assert gbs["weak"]["global_batch_size"] == [8, 16] and gbs["strong"]["global_batch_size"] == [16, 16]
     assert "efficiency" in stdout
 
 
-def test_allreduce_mwms(tmp_path):
+def test_allreduce_shm_and_mwms(tmp_path):
     result, stdout = _bench(tmp_path, "allreduce", "--sizes", "4KB,16MB", "--iters", "2",
-                            "--variants", "0")
-    (r,) = result["results"]
-    assert r["engine"] == "mwms" and [p["size_mb"] for p in r["points"]] == [0.004, 16.0]
-    for p in r["points"]:
-        assert p["busbw_gbs"] == pytest.approx(p["size_mb"] * 1e6 / p["seconds"] / 1e9)
-    assert result["fastest_16_64mb"] == "mwms ring"
+                            "--variants", "0,2")
+    assert [r["engine"] for r in result["results"]] == ["shm", "mwms"]
+    for r in result["results"]:
+        assert [p["size_mb"] for p in r["points"]] == [0.004, 16.0]
+        for p in r["points"]:
+            assert p["busbw_gbs"] == pytest.approx(p["size_mb"] * 1e6 / p["seconds"] / 1e9)
+    by_label = {r["label"]: r["points"][1]["busbw_gbs"] for r in result["results"]}
+    assert result["fastest_16_64mb"] == max(by_label, key=by_label.get)
     assert result["goal_met"] == (result["fastest_min_busbw_16_64mb_gbs"] >= 1.2)
     assert "goal >= 1.2 GB/s" in stdout
 

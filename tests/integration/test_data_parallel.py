@@ -52,6 +52,10 @@ def runs(tmp_path_factory):
         "multi_worker_accum": _train(tmp, "mwacc", ["--strategy", "multi_worker",
                                                     "--global-batch-size", "32",
                                                     "--accumulate", "2"], launch_n=2),
+        "shm": _train(tmp, "shm", ["--strategy", "shm"], launch_n=2),
+        "shm_accum_lamb_clip": _train(tmp, "shmacc", ["--strategy", "shm", *LAMB_CLIP,
+                                                     "--global-batch-size", "32",
+                                                     "--accumulate", "2"], launch_n=2),
         "single_lamb_clip": _train(tmp, "slc", ["--strategy", "single", *LAMB_CLIP]),
         "mirrored_lamb_clip": _train(tmp, "mlc", ["--strategy", "mirrored", "--devices", "2",
                                                   *LAMB_CLIP]),
@@ -87,6 +91,28 @@ def test_multi_worker_equals_single_and_workers_agree(runs):
     # Training actually moved the weights (the comparison is not of two inits).
     init_sum = np.abs(_weights(single)[0]).sum()
     assert np.isfinite(init_sum) and float(single["eval_accuracy"]) > 0.5
+
+
+def test_shm_equals_single_and_workers_agree(runs):
+    (single,), _, _ = runs["single"]
+    workers, model_dir, proc = runs["shm"]
+    assert len(workers) == 2
+    _assert_same_weights(workers[0], workers[1])
+    _assert_same_weights(workers[0], single)
+    for w in workers:  # each worker evaluates the whole test set
+        np.testing.assert_allclose(w["eval_loss"], single["eval_loss"], rtol=1e-5)
+    assert sorted(os.listdir(model_dir)) == CHIEF_FILES
+    assert "[worker 0] tfdist: recipe=digits_mlp strategy=shm num_replicas=2" in proc.stdout
+    assert "input sharding: RANK" in proc.stdout
+
+
+def test_shm_accumulation_and_clipping_equal_single(runs):
+    # 2 ranks x (2 accumulated global batches of 32), LAMB, clipped after the
+    # reduction = one replica taking batches of 64.
+    (single,), _, _ = runs["single_lamb_clip"]
+    workers, _, _ = runs["shm_accum_lamb_clip"]
+    _assert_same_weights(workers[0], workers[1])
+    _assert_same_weights(workers[0], single)
 
 
 def test_multi_worker_evaluate_and_predict_equal_single(runs):

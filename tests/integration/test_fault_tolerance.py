@@ -54,12 +54,13 @@ def _launch(dump_dir, model_dir, faults=(), extra=(), max_restarts=0):
                    "--model-dir", model_dir, *extra])
 
 
-def _start_workers(dump_dir, model_dir, faults=()):
+def _start_workers(dump_dir, model_dir, faults=(), strategy="multi_worker"):
     """Two workers started by hand (no launcher supervising them)."""
     procs = []
+    args = [*ARGS, "--strategy", strategy]  # the last --strategy wins
     for cfg in worker_tf_configs(free_ports(2)):
         procs.append(subprocess.Popen(
-            [sys.executable, DUMP, dump_dir, *faults, *ARGS, "--model-dir", model_dir],
+            [sys.executable, DUMP, dump_dir, *faults, *args, "--model-dir", model_dir],
             env=clean_env(TF_CONFIG=json.dumps(cfg)), cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
@@ -76,11 +77,12 @@ def baseline(tmp_path_factory):
     return w0, str(tmp / "model")
 
 
-def test_killed_worker_ends_the_job_quickly_and_rerun_resumes(baseline, tmp_path):
+@pytest.mark.parametrize("strategy", ["multi_worker", "shm"])
+def test_killed_worker_ends_the_job_quickly_and_rerun_resumes(baseline, tmp_path, strategy):
     weights, _ = baseline
     model_dir, dump = str(tmp_path / "model"), str(tmp_path / "dump")
     faults = ["--kill-worker", "1", "--kill-at-step", "30", "--marker", str(tmp_path / "killed")]
-    chief, worker = _start_workers(dump, model_dir, faults)
+    chief, worker = _start_workers(dump, model_dir, faults, strategy)
     try:
         _, err1 = worker.communicate(timeout=180)
         killed_at = time.monotonic()
@@ -98,7 +100,7 @@ def test_killed_worker_ends_the_job_quickly_and_rerun_resumes(baseline, tmp_path
     assert os.path.basename(sorted(os.listdir(os.path.join(model_dir, "backup")))[-1]) == (
         "ckpt-0000000028.npz")
 
-    chief, worker = _start_workers(dump, model_dir, faults)  # the same command again
+    chief, worker = _start_workers(dump, model_dir, faults, strategy)  # the same command again
     out0, err0 = chief.communicate(timeout=240)
     worker.communicate(timeout=60)
     assert chief.returncode == 0 and worker.returncode == 0, err0[-3000:]

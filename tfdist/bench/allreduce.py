@@ -2,6 +2,9 @@
 
 Paths measured, each on `--ranks` real processes of this host:
 
+* shm: tfdist's shared-memory engine (`--strategy shm`), through the same
+  TensorFlow op that allreduces gradients in training (`tfdist.shm.allreduce`
+  inside a tf.function), with its default 1 MB and a 4 MB chunk per rank;
 * MWMS: MultiWorkerMirroredStrategy all-reduce (`--collective ring`), started
   by `tfdist.launch`, with and without `bytes_per_pack` packing;
 * Horovod Gloo and MPI (`horovodrun`, the Horovod venv, when installed), each
@@ -24,11 +27,13 @@ import time
 
 from tfdist.bench import runs
 
-DESCRIPTION = "all-reduce algbw/busbw, MWMS vs Horovod Gloo/MPI, with tuning knobs"
+DESCRIPTION = "all-reduce algbw/busbw, tfdist shm vs MWMS vs Horovod Gloo/MPI, with tuning knobs"
 GOAL_BUSBW_GBS = 1.2
 GOAL_RANGE_MB = (16.0, 64.0)
 # (label, engine, controller, extra env, extra mpi args): each a tuning tried honestly.
 VARIANTS = [
+    ("tfdist shm", "shm", None, {"chunk_bytes": 1 << 20}, ""),
+    ("tfdist shm, 4 MB chunks", "shm", None, {"chunk_bytes": 4 << 20}, ""),
     ("mwms ring", "mwms", None, {"bytes_per_pack": 0}, ""),
     ("mwms ring, 4 MB packs", "mwms", None, {"bytes_per_pack": 4 << 20}, ""),
     ("hvd gloo", "horovod", "gloo", {}, ""),
@@ -77,7 +82,8 @@ def add_arguments(parser) -> None:
                         help="comma-separated sizes with units, e.g. 4KB,19MB,128MB")
     parser.add_argument("--iters", type=int, default=10, help="timed all-reduces per size")
     parser.add_argument("--variants", default="all",
-                        help="'all', 'mwms', or comma-separated labels' indices (0-based)")
+                        help="'all', 'local' (shm and mwms, no Horovod), or comma-separated "
+                             "indices into VARIANTS (0-based)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--venv", default=None, help="Horovod venv")
     parser.add_argument("--timeout", type=float, default=400.0, help="per variant, seconds")
@@ -86,19 +92,20 @@ def add_arguments(parser) -> None:
 def _select(spec: str, have_horovod: bool) -> list[tuple]:
     if spec == "all":
         chosen = VARIANTS
-    elif spec == "mwms":
-        chosen = [v for v in VARIANTS if v[1] == "mwms"]
+    elif spec == "local":
+        chosen = [v for v in VARIANTS if v[1] != "horovod"]
     else:
         chosen = [VARIANTS[int(i)] for i in spec.split(",")]
-    return [v for v in chosen if v[1] == "mwms" or have_horovod]
+    return [v for v in chosen if v[1] != "horovod" or have_horovod]
 
 
 def _measure(variant, args, sizes_mb) -> list[float]:
     label, engine, controller, knobs, mpi_args = variant
     spec = {"sizes_mb": sizes_mb, "iters": args.iters, "threads": args.threads, **knobs}
-    if engine == "mwms":
+    if engine in ("mwms", "shm"):
         cmd = runs.launch_command(args.ranks, "tfdist.bench.allreduce",
-                                  ["--worker", json.dumps(spec)], args.timeout)
+                                  ["--worker", json.dumps({**spec, "engine": engine})],
+                                  args.timeout)
         env = {}
     else:
         cmd = runs.horovod_command(args.venv_path, args.ranks, controller,
@@ -210,6 +217,39 @@ def _mwms_worker(spec: dict) -> None:
         runs.emit({"seconds": seconds})
 
 
+def _shm_worker(spec: dict) -> None:
+    """Runs on every shm rank: median seconds per all-reduce per size, through the TF op."""
+    import tensorflow as tf
+
+    from tfdist import shm
+    from tfdist.cluster import detect
+    from tfdist.strategies.devices import configure_runtime
+
+    configure_runtime(intra_op_threads=spec["threads"])
+    cluster = detect()
+    comm = shm.init_from_cluster(cluster, chunk_bytes=spec["chunk_bytes"])
+
+    @tf.function
+    def step(x):
+        # Only a slice comes back to Python, as in the MWMS worker.
+        return shm.allreduce([x], average=False)[0][:1]
+
+    seconds = []
+    for mb in spec["sizes_mb"]:
+        x = tf.ones([max(1, int(mb * 1e6 / 4))], tf.float32)
+        step(x).numpy()
+        times = []
+        for _ in range(spec["iters"]):
+            comm.barrier()  # start together: time the collective, not the other rank's lag
+            start = time.perf_counter()
+            step(x).numpy()
+            times.append(time.perf_counter() - start)
+        seconds.append(statistics.median(times))
+    if cluster.is_chief:
+        runs.emit({"seconds": seconds})
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        _mwms_worker(json.loads(sys.argv[2]))
+        worker_spec = json.loads(sys.argv[2])
+        (_shm_worker if worker_spec.get("engine") == "shm" else _mwms_worker)(worker_spec)

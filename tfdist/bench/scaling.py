@@ -31,8 +31,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("-n", "--workers", type=int, default=2, help="largest worker count N")
     parser.add_argument("--recipes", default="synthetic_cnn,wide_mlp",
                         help="comma-separated; the first is the headline `weak`/`strong`")
-    parser.add_argument("--strategies", default="multi_worker",
-                        help="comma-separated: multi_worker and/or horovod (needs the venv)")
+    parser.add_argument("--strategies", default="multi_worker,shm",
+                        help="comma-separated: multi_worker, shm and/or horovod (needs the venv)")
     parser.add_argument("--controller", default="gloo", choices=("gloo", "mpi"),
                         help="horovodrun controller for --strategies horovod")
     parser.add_argument("--per-worker-batch", type=int, default=0,

@@ -6,21 +6,13 @@ calls, so once its construction error (horovod#4290) is patched it trains
 with each rank's own gradients and says nothing (see
 `tfdist.compat.horovod_keras` and its test).
 
-Where the allreduce goes: Keras 3's `BaseOptimizer._backend_apply_gradients`
-calls `_clip_gradients(grads)` exactly once per *update* step, after its own
-gradient accumulation (`gradient_accumulation_steps`) and before clipping and
-the update. Allreducing there gives the single-replica semantics (clipping
-sees the global gradient, as it would on one replica) and, with
-`backward_passes_per_step=k`, communicates once every k passes instead of
-every pass. It serves `model.fit` and custom loops alike, because both end
-in `optimizer.apply`.
+Where the allreduce goes: see `tfdist.allreduce_optimizer` (shared with the
+shared-memory engine).
 """
 
 from __future__ import annotations
 
-import functools
-
-from tfdist.compat import horovod_keras
+from tfdist import allreduce_optimizer
 
 OPS = ("average", "sum")
 COMPRESSIONS = ("none", "fp16")
@@ -53,24 +45,6 @@ class _GradientAllreduce:
             out.append(hvd.allreduce(g, op=op, compression=compression,
                                      name=f"tfdist_grad_{i}"))
         return out
-
-
-@functools.cache
-def _distributed_class(base: type) -> type:
-    """A subclass of `base` whose `_clip_gradients` allreduces first (cached per class)."""
-    horovod_keras.check_optimizer_hook(base)
-
-    def _clip_gradients(self, grads):
-        return base._clip_gradients(self, self._tfdist_allreduce(grads))
-
-    # Same name and module as `base`, so that `model.save` records the plain
-    # optimizer (e.g. keras.optimizers.SGD) and the saved model loads anywhere.
-    return type(base.__name__, (base,), {
-        "_clip_gradients": _clip_gradients,
-        "__module__": base.__module__,
-        "__doc__": f"{base.__name__} whose gradients are allreduced across Horovod ranks.",
-        "_tfdist_distributed": True,
-    })
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",
@@ -106,22 +80,5 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {list(COMPRESSIONS)}. "
                          f"Received: compression={compression!r}.")
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError("backward_passes_per_step must be an integer >= 1. Received: "
-                         f"backward_passes_per_step={backward_passes_per_step!r}.")
-    if getattr(optimizer, "_tfdist_distributed", False):
-        raise ValueError(f"{type(optimizer).__name__} is already a DistributedOptimizer.")
-    if getattr(optimizer, "built", False):
-        raise ValueError("DistributedOptimizer needs an optimizer that has not been built "
-                         "(wrap it before compile/fit or its first apply).")
-    config = optimizer.get_config()
-    own = config.get("gradient_accumulation_steps")
-    if backward_passes_per_step > 1:
-        if own and own != backward_passes_per_step:
-            raise ValueError(
-                f"The optimizer already accumulates gradient_accumulation_steps={own}, which "
-                f"disagrees with backward_passes_per_step={backward_passes_per_step}.")
-        config["gradient_accumulation_steps"] = backward_passes_per_step
-    distributed = _distributed_class(type(optimizer)).from_config(config)
-    distributed._tfdist_allreduce = _GradientAllreduce(op, compression, sparse_as_dense)
-    return distributed
+    return allreduce_optimizer.wrap(optimizer, _GradientAllreduce(op, compression, sparse_as_dense),
+                                    backward_passes_per_step)

@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "model_parallel": "tfdist.strategies.model_parallel",
     "pipeline": "tfdist.strategies.pipeline",
     "horovod": "tfdist.strategies.horovod",
+    "shm": "tfdist.strategies.shm",
     "parameter_server": "tfdist.strategies.parameter_server",
 }
 ALIASES = ("auto",)
@@ -73,6 +74,10 @@ class Hooks:
         from tfdist.preemption import any_worker
 
         return any_worker(strategy, flag)
+
+    def compile_kwargs(self) -> dict:
+        """Extra `model.compile` arguments the adapter needs (e.g. no XLA)."""
+        return {}
 
     def transform_model(self, model):
         """The model to train, from the recipe's (model parallelism splits it)."""

@@ -1,0 +1,96 @@
+"""The shared-memory Communicator: its arithmetic and real multi-process collectives."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import WORKERS, clean_env
+from tests.workers.shm_comm import inputs
+from tfdist.launch import free_ports
+from tfdist.shm.comm import Communicator, chunk_bounds
+
+WORKER = os.path.join(WORKERS, "shm_comm.py")
+
+
+@pytest.mark.parametrize("count,size,chunk", [(10, 2, 8), (1001, 3, 64), (1, 4, 4),
+                                              (0, 2, 8), (4096, 2, 4096)])
+def test_chunk_bounds_cover_every_element_once(count, size, chunk):
+    seen = []
+    for start, chunks in chunk_bounds(count * 4, 4, size, chunk):
+        assert len(chunks) == size and chunks[0][0] == start
+        for lo, hi in chunks:
+            assert lo <= hi and hi - lo <= max(1, chunk // 4)
+            seen.extend(range(lo, hi))
+    assert seen == list(range(count))
+
+
+def test_bad_rank_is_refused():
+    with pytest.raises(ValueError, match="rank must be in"):
+        Communicator(2, 2, ("127.0.0.1", 1))
+
+
+def test_one_rank_needs_no_peer():
+    with Communicator(0, 1, ("127.0.0.1", 0)) as comm:
+        x = np.arange(5, dtype=np.float32)
+        (y,) = comm.allreduce([x], average=True)
+        np.testing.assert_array_equal(y, x)
+        assert y is not x
+
+
+def _start(scenario, size, out, ranks=None):
+    port = free_ports(1)[0]
+    return [subprocess.Popen([sys.executable, WORKER, scenario, str(r), str(size), str(port),
+                              str(out)], env=clean_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+            for r in (ranks if ranks is not None else range(size))]
+
+
+def _segments():
+    return set(glob.glob("/dev/shm/tfdist_*"))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_collectives_match_numpy(tmp_path, size):
+    before = _segments()
+    procs = _start("collectives", size, tmp_path)
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * size, outs
+    xs = [inputs(r) for r in range(size)]
+    first = dict(np.load(tmp_path / "rank0.npz"))
+    for r in range(size):
+        got = dict(np.load(tmp_path / f"rank{r}.npz"))
+        assert bool(got["unchanged"]), "allreduce modified its input"
+        for k in xs[0]:
+            want = sum(x[k] for x in xs)
+            assert got[f"sum_{k}"].shape == xs[0][k].shape and got[f"sum_{k}"].dtype == want.dtype
+            tol = dict(rtol=1e-3, atol=1e-2) if k == "f16" else dict(rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got[f"sum_{k}"], want, **tol)
+            if want.dtype.kind == "f":
+                np.testing.assert_allclose(got[f"mean_{k}"], want / size, **tol)
+            else:  # integer mean: floor division, as the dtype can hold
+                np.testing.assert_array_equal(got[f"mean_{k}"], want // size)
+            np.testing.assert_array_equal(got[f"bcast_{k}"], xs[size - 1][k])
+            # Each chunk is reduced once and shared: every rank gets the same bits.
+            np.testing.assert_array_equal(got[f"sum_{k}"], first[f"sum_{k}"])
+    # rank 0 unlinks the segment's name once everyone attached: nothing left behind.
+    assert _segments() - before == set()
+
+
+def test_dead_peer_is_an_error_not_a_hang(tmp_path):
+    procs = _start("die", 2, tmp_path)
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert procs[0].returncode == 4, outs[0]
+    assert "PeerLostError" in outs[0] and "rank 1 exited" in outs[0]
+
+
+def test_missing_peer_times_out_naming_it(tmp_path):
+    (proc,) = _start("alone", 2, tmp_path, ranks=[0])
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 4, out
+    assert "ranks [1] did not connect" in out

@@ -1,0 +1,53 @@
+"""Building the shm communicator from the cluster: addresses, and refusing remote workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import clean_env, run_py
+from tfdist import exit_codes
+from tfdist.cluster.base import ClusterInfo
+from tfdist.errors import ClusterError
+from tfdist.shm import runtime
+
+
+def _cluster(workers, index=0, chief=None):
+    spec = {"worker": workers, **({"chief": chief} if chief else {})}
+    n = len(workers) + len(chief or [])
+    return ClusterInfo("tf_config", n, index, tf_config={"cluster": spec,
+                                                         "task": {"type": "worker", "index": 0}})
+
+
+def test_rendezvous_is_worker_zero():
+    assert runtime.rendezvous_address(_cluster(["127.0.0.1:2001", "127.0.0.1:2002"])) == (
+        "127.0.0.1", 2001)
+    # With a chief, the chief is worker 0.
+    assert runtime.rendezvous_address(
+        _cluster(["localhost:2002"], chief=["localhost:2001"])) == ("localhost", 2001)
+
+
+def test_remote_workers_are_refused_with_a_hint():
+    with pytest.raises(ClusterError, match=r"workers \['10.255.0.7:2002'\] are on other hosts"):
+        runtime.rendezvous_address(_cluster(["127.0.0.1:2001", "10.255.0.7:2002"]))
+
+
+def test_is_local_host():
+    assert runtime.is_local_host("127.0.0.1") and runtime.is_local_host("localhost")
+    assert not runtime.is_local_host("192.0.2.1")  # TEST-NET-1, never this machine
+
+
+def test_communicator_before_init_says_what_to_do():
+    with pytest.raises(RuntimeError, match="call tfdist.shm.init"):
+        runtime.communicator()
+
+
+def test_cli_refuses_shm_across_hosts(tmp_path):
+    tf_config = {"cluster": {"worker": ["127.0.0.1:2001", "192.0.2.1:2002"]},
+                 "task": {"type": "worker", "index": 0}}
+    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--strategy", "shm", "--model-dir",
+                   str(tmp_path)], env=clean_env(TF_CONFIG=json.dumps(tf_config)), timeout=120)
+    assert proc.returncode == exit_codes.CLUSTER, proc.stderr[-2000:]
+    assert "are on other hosts" in proc.stderr and "HINT: use --strategy multi_worker" in proc.stderr
+    assert "cuInit" not in proc.stderr and "oneDNN" not in proc.stderr  # before TensorFlow

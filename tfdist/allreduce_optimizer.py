@@ -1,0 +1,82 @@
+"""Any Keras 3 optimizer, with its gradients allreduced before they apply.
+
+Shared by every engine whose replicas are processes TensorFlow does not see
+(Horovod, the shared-memory engine): each passes the function that
+allreduces a list of gradients.
+
+Where the allreduce goes: Keras 3's `BaseOptimizer._backend_apply_gradients`
+calls `_clip_gradients(grads)` exactly once per *update* step, after its own
+gradient accumulation (`gradient_accumulation_steps`) and before clipping and
+the update. Allreducing there gives the single-replica semantics (clipping
+sees the global gradient, as it would on one replica) and, with
+`backward_passes_per_step=k`, communicates once every k passes instead of
+every pass. It serves `model.fit` and custom loops alike, because both end
+in `optimizer.apply`. `tfdist.compat.horovod_keras.check_optimizer_hook`
+refuses to wrap when Keras moves that hook.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from tfdist.compat import horovod_keras
+
+
+@functools.cache
+def _distributed_class(base: type) -> type:
+    """A subclass of `base` whose `_clip_gradients` allreduces first (cached per class)."""
+    horovod_keras.check_optimizer_hook(base)
+
+    def _clip_gradients(self, grads):
+        return base._clip_gradients(self, self._tfdist_allreduce(grads))
+
+    # Same name and module as `base`, so that `model.save` records the plain
+    # optimizer (e.g. keras.optimizers.SGD) and the saved model loads anywhere.
+    return type(base.__name__, (base,), {
+        "_clip_gradients": _clip_gradients,
+        "__module__": base.__module__,
+        "__doc__": f"{base.__name__} whose gradients are allreduced across processes.",
+        "_tfdist_distributed": True,
+    })
+
+
+def wrap(optimizer, allreduce: Callable[[list], list], backward_passes_per_step: int = 1):
+    """A new optimizer like `optimizer` whose gradients go through `allreduce` first.
+
+    Args:
+        optimizer: An unbuilt `keras.optimizers.Optimizer`.
+        allreduce: Maps the list of gradients (tensors, IndexedSlices or
+            None) to the reduced list, the same on every process.
+        backward_passes_per_step: Accumulate this many local gradients
+            (Keras 3's `gradient_accumulation_steps`) and allreduce and apply
+            their mean once; the optimizer updates every k-th call.
+
+    Returns:
+        A new instance of a subclass of `type(optimizer)`, built from
+        `optimizer.get_config()` (so wrap before training).
+
+    Raises:
+        ValueError: for a bad `backward_passes_per_step`, an optimizer that
+            is already built or already distributed, or one whose own
+            accumulation disagrees.
+    """
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be an integer >= 1. Received: "
+                         f"backward_passes_per_step={backward_passes_per_step!r}.")
+    if getattr(optimizer, "_tfdist_distributed", False):
+        raise ValueError(f"{type(optimizer).__name__} is already a DistributedOptimizer.")
+    if getattr(optimizer, "built", False):
+        raise ValueError("DistributedOptimizer needs an optimizer that has not been built "
+                         "(wrap it before compile/fit or its first apply).")
+    config = optimizer.get_config()
+    own = config.get("gradient_accumulation_steps")
+    if backward_passes_per_step > 1:
+        if own and own != backward_passes_per_step:
+            raise ValueError(
+                f"The optimizer already accumulates gradient_accumulation_steps={own}, which "
+                f"disagrees with backward_passes_per_step={backward_passes_per_step}.")
+        config["gradient_accumulation_steps"] = backward_passes_per_step
+    distributed = _distributed_class(type(optimizer)).from_config(config)
+    distributed._tfdist_allreduce = allreduce
+    return distributed
