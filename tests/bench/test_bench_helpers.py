@@ -70,3 +70,12 @@ def test_bench_modules_import_no_tensorflow():
                          "print('tensorflow' in sys.modules)"], timeout=60)
     assert proc.returncode == 0, tail(proc)
     assert proc.stdout.strip() == "False"
+
+
+def test_median_run_picks_the_median_try_and_keeps_all():
+    from tfdist.bench import scaling
+
+    tries = [{"step_s": 0.05, "id": "a"}, {"step_s": 0.03, "id": "b"}, {"step_s": 0.04, "id": "c"}]
+    got = scaling.median_run(tries)
+    assert got["id"] == "c" and got["tries_step_s"] == [0.05, 0.03, 0.04]
+    assert scaling.median_run(tries[:2])["id"] == "b"  # even count: the lower median

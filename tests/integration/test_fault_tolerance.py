@@ -123,10 +123,11 @@ def test_launcher_restarts_and_resumes_without_manual_rerun(baseline, tmp_path):
     assert metrics["global_step"] == 88 and len(metrics["history"]["loss"]) == 4
 
 
-def test_sigterm_to_chief_saves_backup_and_exits_distinctly(baseline, tmp_path):
+@pytest.mark.parametrize("strategy", ["multi_worker", "shm"])
+def test_sigterm_to_chief_saves_backup_and_exits_distinctly(baseline, tmp_path, strategy):
     weights, _ = baseline
     model_dir, dump = str(tmp_path / "model"), str(tmp_path / "dump")
-    chief, worker = _start_workers(dump, model_dir, ["--step-delay-ms", "40"])
+    chief, worker = _start_workers(dump, model_dir, ["--step-delay-ms", "40"], strategy)
     backup_dir = os.path.join(model_dir, "backup")
     try:
         deadline = time.monotonic() + 120
@@ -148,7 +149,7 @@ def test_sigterm_to_chief_saves_backup_and_exits_distinctly(baseline, tmp_path):
     assert step % 20 == 0  # 2 processes agree every 20 steps (preemption.default_check_steps)
     assert "metrics.json" not in os.listdir(model_dir)
 
-    proc = _launch(dump, model_dir)  # requeue: the same command continues
+    proc = _launch(dump, model_dir, extra=["--strategy", strategy])  # requeue: the same command
     assert proc.returncode == 0, tail(proc)
     assert f"(global step {step})" in proc.stdout
     _assert_equal_to(weights, dump)

@@ -119,13 +119,15 @@ def baseline(tmp_path_factory):
     return _weights(os.path.join(model_dir, "model.keras"))
 
 
-def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_path):
+@pytest.mark.parametrize("strategy", ["multi_worker", "shm"])
+def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_path, strategy):
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
+    # The script's own --strategy multi_worker comes first; the user's wins.
     job, proc = _sbatch("multi_worker.sbatch", out, "digits_mlp", *ARGS, "--model-dir",
-                        model_dir, wait=True)
+                        model_dir, "--strategy", strategy, wait=True)
     log = open(out.replace("%j", job)).read() if job else ""
     assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
-    assert "num_replicas=2 workers=2 source=slurm" in log, log[-4000:]
+    assert f"strategy={strategy} num_replicas=2 workers=2 source=slurm" in log, log[-4000:]
     assert log.count("/model.keras and ") == 1  # the chief alone says it wrote
     assert sorted(os.listdir(model_dir)) == CHIEF_FILES
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))

@@ -13,7 +13,9 @@ import pytest
 from tests.conftest import WORKERS, clean_env
 from tests.workers.shm_comm import inputs
 from tfdist.launch import free_ports
-from tfdist.shm.comm import Communicator, chunk_bounds
+from tfdist.errors import ClusterError
+from tfdist.shm import comm as comm_lib
+from tfdist.shm.comm import Communicator, chunk_bounds, disjoint, segment_chunk_bytes
 
 WORKER = os.path.join(WORKERS, "shm_comm.py")
 
@@ -28,6 +30,30 @@ def test_chunk_bounds_cover_every_element_once(count, size, chunk):
             assert lo <= hi and hi - lo <= max(1, chunk // 4)
             seen.extend(range(lo, hi))
     assert seen == list(range(count))
+
+
+def test_segment_stays_inside_its_budget():
+    assert segment_chunk_bytes(4 << 20, 2) == 4 << 20
+    for size in (2, 4, 8, 64):
+        chunk = segment_chunk_bytes(4 << 20, size)
+        assert chunk % 64 == 0 and size * (size + 1) * chunk <= comm_lib.SEGMENT_BUDGET_BYTES
+    assert segment_chunk_bytes(100, 2) == 128  # aligned up to a cache line
+
+
+def test_disjoint():
+    a = np.zeros(10)
+    assert disjoint([a[:5], a[5:], np.zeros(3)])
+    assert not disjoint([a[:6], a[5:]])
+    assert disjoint([a[:0], a[:0]])  # empty arrays overlap nothing
+
+
+def test_too_little_shared_memory_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(comm_lib, "SHM_DIR", "/dev/shm")
+    free = os.statvfs("/dev/shm")
+    monkeypatch.setattr(comm_lib, "SEGMENT_BUDGET_BYTES", 1 << 62)
+    too_big = (free.f_bavail * free.f_frsize) // 6 + (1 << 30)
+    with pytest.raises(ClusterError, match="MiB free.*\n.*--shm-size"):
+        Communicator(0, 2, ("127.0.0.1", free_ports(1)[0]), chunk_bytes=too_big, timeout_s=5)
 
 
 def test_bad_rank_is_refused():

@@ -39,6 +39,9 @@ def add_arguments(parser) -> None:
                         help=f"examples per worker (0: per recipe, {PER_WORKER})")
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every point R times, interleaved (1, 2, .., N, 1, 2, ..), and "
+                             "report the median step time: shared cores make single runs noisy")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     parser.add_argument("--inter-op-threads", type=int, default=1,
                         help="inter-op threads per worker (TF_NUM_INTEROP_THREADS; 0: TF's choice)")
@@ -58,6 +61,13 @@ def speedups(throughputs: list[float], workers: list[int]) -> tuple[list[float],
         raise ValueError(f"the first point must be 1 worker. Received: workers={workers}.")
     speedup = [t / throughputs[0] for t in throughputs]
     return speedup, [s / k for s, k in zip(speedup, workers)]
+
+
+def median_run(tries: list[dict]) -> dict:
+    """Pure function: the run with the median step time (lower median), its tries attached."""
+    ordered = sorted(tries, key=lambda t: t["step_s"])
+    return {**ordered[(len(ordered) - 1) // 2],
+            "tries_step_s": [t["step_s"] for t in tries]}
 
 
 def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str) -> list[str]:
@@ -102,11 +112,13 @@ def run(args) -> dict:
         for strategy in [s for s in args.strategies.split(",") if s]:
             curves = {}
             for mode in MODES:
-                points = []
-                for k in counts:
-                    gbs = per_worker * (k if mode == "weak" else args.workers)
-                    points.append(one_run(args, recipe, strategy, k, gbs,
-                                          f"{recipe}_{strategy}_{mode}_{k}"))
+                tries = {k: [] for k in counts}
+                for rep in range(max(1, args.repeats)):
+                    for k in counts:
+                        gbs = per_worker * (k if mode == "weak" else args.workers)
+                        tries[k].append(one_run(args, recipe, strategy, k, gbs,
+                                                f"{recipe}_{strategy}_{mode}_{k}_r{rep}"))
+                points = [median_run(tries[k]) for k in counts]
                 tput = [p["examples_per_s"] for p in points]
                 speedup, efficiency = speedups(tput, counts)
                 curves[mode] = {"workers": counts, "speedup": speedup, "efficiency": efficiency,
@@ -120,7 +132,7 @@ def run(args) -> dict:
             "strong": {k: headline["strong"][k] for k in ("workers", "speedup", "efficiency")},
             "headline": first_recipe, "results": results, "threads": args.threads,
             "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
-            "steps": args.steps, "warmup_steps": args.warmup,
+            "steps": args.steps, "warmup_steps": args.warmup, "repeats": args.repeats,
             "note": "examples/s after the warm-up steps; 1 worker runs `single`; "
                     "all workers on one host"}
 

@@ -48,7 +48,11 @@ _MAGIC = b"TFDSHM1"
 _SPINS = 2000
 _SLEEP_S = 20e-6
 _LIVENESS_EVERY_S = 0.05
-DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_CHUNK_BYTES = 4 << 20
+# Docker gives a container 64 MB of /dev/shm by default: stay well inside it by
+# shrinking the chunk as ranks grow (2 ranks: 4 MB chunks, 4: 1.5 MB, 8: 448 KB).
+SEGMENT_BUDGET_BYTES = 32 << 20
+SHM_DIR = "/dev/shm"
 
 
 def check_platform() -> None:
@@ -62,6 +66,16 @@ def check_platform() -> None:
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def segment_chunk_bytes(chunk_bytes: int, size: int,
+                        budget: int = SEGMENT_BUDGET_BYTES) -> int:
+    """Pure function: the chunk actually used, so that the segment fits `budget`.
+
+    The segment holds n x n mailbox chunks and n result chunks.
+    """
+    fit = budget // (size * (size + 1)) // _ALIGN * _ALIGN
+    return max(_ALIGN, min(_align(chunk_bytes), fit))
 
 
 def chunk_bounds(nbytes: int, itemsize: int, size: int, chunk_bytes: int):
@@ -105,7 +119,7 @@ class Communicator:
             raise ValueError(f"rank must be in [0, {size}). Received: rank={rank}.")
         check_platform()
         self.rank, self.size, self.address = rank, size, tuple(address)
-        self.chunk_bytes = _align(int(chunk_bytes))
+        self.chunk_bytes = segment_chunk_bytes(int(chunk_bytes), size, SEGMENT_BUDGET_BYTES)
         self.timeout_s = timeout_s
         self._seq = 0
         self._peers: dict[int, socket.socket] = {}   # rank 0: rank -> socket
@@ -129,6 +143,7 @@ class Communicator:
     def _rendezvous(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         if self.rank == 0:
+            _check_space(self.nbytes)
             name = f"tfdist_{os.getpid()}_{uuid.uuid4().hex[:12]}"
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.nbytes)
             self._shm.buf[:self._mail_off] = bytes(self._mail_off)
@@ -189,7 +204,7 @@ class Communicator:
             _recv_exact(self._root, 1)
 
     # -- barrier ----------------------------------------------------------------------
-    def _check_liveness(self) -> None:
+    def _check_liveness(self, seq: int) -> None:
         now = time.monotonic()
         if now - self._last_liveness < _LIVENESS_EVERY_S:
             return
@@ -197,7 +212,10 @@ class Communicator:
         socks = list(self._peers.items()) if self.rank == 0 else [(0, self._root)]
         readable, _, _ = select.select([s for _, s in socks], [], [], 0)
         for rank, sock in socks:
-            if sock in readable and not sock.recv(1, socket.MSG_PEEK):
+            # A closed connection is a death only for a rank that has not reached
+            # this barrier: one that passed it may have finished and exited.
+            if sock in readable and not sock.recv(1, socket.MSG_PEEK) and \
+                    self._flags[rank, 0] < seq:
                 raise PeerLostError(f"shared-memory engine: rank {rank} exited (its "
                                     "connection closed).", peer=f"rank {rank}")
 
@@ -220,29 +238,33 @@ class Communicator:
                         raise PeerLostError(f"shared-memory engine: rank {q} did not reach "
                                             f"barrier {seq} within {self.timeout_s:.0f} s.",
                                             peer=f"rank {q}")
-                    self._check_liveness()
+                    self._check_liveness(seq)
 
     # -- collectives --------------------------------------------------------------------
-    def allreduce(self, arrays, average: bool = False):
+    def allreduce(self, arrays, average: bool = False, out=None):
         """Sums (or averages) each array across ranks.
 
         Args:
             arrays: A list of numpy arrays, the same shapes and dtypes in the
                 same order on every rank. They are not modified.
-            average: Divide the sums by the number of ranks.
+            average: Divide the sums by the number of ranks (floor division
+                for integers).
+            out: Optional list of writable C-contiguous arrays, one per input
+                with its shape and dtype, to write the results into; none may
+                overlap an input or another output.
 
         Returns:
-            A list of new arrays with the reduced values.
+            The list of arrays holding the reduced values (`out` when given).
         """
         outs = []
-        for a in arrays:
+        for i, a in enumerate(arrays):
             a = _contiguous(a)
-            out = np.empty_like(a)
+            o = np.empty_like(a) if out is None else out[i]
             if self.size == 1:
-                np.copyto(out, a)
+                np.copyto(o, a)
             else:
-                self._allreduce_one(a.reshape(-1), out.reshape(-1), average)
-            outs.append(out)
+                self._allreduce_one(a.reshape(-1), o.reshape(-1), average)
+            outs.append(o)
         return outs
 
     def _allreduce_one(self, x: np.ndarray, out: np.ndarray, average: bool) -> None:
@@ -327,10 +349,31 @@ class Communicator:
         self.close()
 
 
+def disjoint(arrays) -> bool:
+    """True when no two arrays' memory overlaps (checked by address ranges)."""
+    spans = sorted((a.__array_interface__["data"][0], a.nbytes) for a in arrays if a.nbytes)
+    return all(start + size <= nxt for (start, size), (nxt, _) in zip(spans, spans[1:]))
+
+
 def _contiguous(a) -> np.ndarray:
     # np.ascontiguousarray would turn a 0-d array (a scalar variable) into 1-d.
     a = np.asarray(a)
     return a if a.flags.c_contiguous else a.copy()
+
+
+def _check_space(nbytes: int) -> None:
+    # tmpfs accepts a segment larger than its free space and then kills the
+    # process with SIGBUS when a page cannot be backed: check first.
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return  # no /dev/shm to inspect (not Linux): let SharedMemory decide
+    free = stat.f_bavail * stat.f_frsize
+    if free < nbytes:
+        raise ClusterError(
+            f"The shared-memory engine needs {nbytes / 2**20:.1f} MiB in {SHM_DIR}, which has "
+            f"{free / 2**20:.1f} MiB free.\nHINT: give the container more (docker run "
+            "--shm-size=256m) or pass a smaller chunk_bytes.")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
