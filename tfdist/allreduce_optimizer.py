@@ -80,3 +80,55 @@ def wrap(optimizer, allreduce: Callable[[list], list], backward_passes_per_step:
     distributed = _distributed_class(type(optimizer)).from_config(config)
     distributed._tfdist_allreduce = allreduce
     return distributed
+
+
+@functools.cache
+def _agreeing_loss_scale_class() -> type:
+    """Keras's LossScaleOptimizer whose finite check is agreed by every process."""
+    import keras
+
+    base = keras.optimizers.LossScaleOptimizer
+
+    def check_finite(self, grads):
+        return self._tfdist_all_true(base.check_finite(self, grads))
+
+    return type(base.__name__, (base,), {
+        "check_finite": check_finite,
+        "__module__": base.__module__,
+        "__doc__": "LossScaleOptimizer that skips a step on every process when any "
+                   "process's gradients are not finite.",
+    })
+
+
+def loss_scale_if_float16(optimizer, all_true: Callable):
+    """Wraps a distributed optimizer in a LossScaleOptimizer under `mixed_float16`.
+
+    Why: Keras's own LossScaleOptimizer (which `compile` adds for
+    mixed_float16) decides from this process's *unreduced* gradients whether
+    to skip the step. With one replica per process, a rank whose gradients
+    overflowed skips its update, and with it the all-reduce inside it, while
+    the others apply: their all-reduces then pair with the wrong steps and
+    the ranks silently diverge. Here every process's verdict is combined
+    first (`all_true`), so all skip together or all apply.
+
+    Args:
+        optimizer: The optimizer `wrap` returned.
+        all_true: Maps this process's scalar boolean tensor to True only when
+            it is True on every process (a min all-reduce).
+
+    Returns:
+        `optimizer` unchanged for any other global dtype policy, else the
+        LossScaleOptimizer around it (`compile` then adds no other).
+    """
+    import keras
+
+    if keras.mixed_precision.global_policy().name != "mixed_float16":
+        return optimizer
+    if not hasattr(keras.optimizers.LossScaleOptimizer, "check_finite"):
+        raise horovod_keras.KerasOptimizerInternalsChanged(
+            f"Keras {keras.__version__}: LossScaleOptimizer has no check_finite, where tfdist "
+            "makes processes agree on skipping a step. Refusing mixed_float16 with one replica "
+            "per process.")
+    scaled = _agreeing_loss_scale_class()(optimizer)
+    scaled._tfdist_all_true = all_true
+    return scaled

@@ -61,6 +61,8 @@ def runs(tmp_path_factory):
                                                   *LAMB_CLIP]),
         "mirrored_fp16": _train(tmp, "mfp16", ["--strategy", "mirrored", "--devices", "2",
                                                "--precision", "mixed_float16"]),
+        "shm_fp16": _train(tmp, "shmfp16", ["--strategy", "shm", "--precision", "mixed_float16"],
+                           launch_n=2),
     }
 
 
@@ -113,6 +115,16 @@ def test_shm_accumulation_and_clipping_equal_single(runs):
     workers, _, _ = runs["shm_accum_lamb_clip"]
     _assert_same_weights(workers[0], workers[1])
     _assert_same_weights(workers[0], single)
+
+
+def test_shm_mixed_float16_scales_the_loss_and_ranks_agree(runs):
+    workers, model_dir, _ = runs["shm_fp16"]
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["precision"] == "mixed_float16" and metrics["loss_scaling"] is True
+    assert metrics["history"]["loss"][1] < metrics["history"]["loss"][0]
+    for a, b in zip(_weights(workers[0]), _weights(workers[1])):
+        np.testing.assert_array_equal(a, b)  # the same bits on both ranks
+    assert float(workers[0]["eval_accuracy"]) > 0.5
 
 
 def test_multi_worker_evaluate_and_predict_equal_single(runs):

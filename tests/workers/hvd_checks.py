@@ -213,6 +213,32 @@ def upstream_broadcast_variables():
 
 
 @check
+def loss_scale_agrees_on_overflow():
+    # mixed_float16, one replica per rank: rank 1 alone overflows in step 1;
+    # every rank must skip it (and halve the scale), then apply step 2 averaged.
+    from tfdist.strategies.horovod import HorovodHooks
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        opt = HorovodHooks(None).wrap_optimizer(keras.optimizers.SGD(1.0))
+        assert type(opt).__name__ == "LossScaleOptimizer", type(opt)
+        w = keras.Variable(np.zeros(4, "float32"))
+
+        @tf.function
+        def step(value):
+            opt.apply([tf.fill([4], value)], [w])
+
+        step(tf.constant(np.inf if RANK == 1 else C, tf.float32))
+        step(tf.constant(C, tf.float32))
+        scales = gathered(opt.dynamic_scale.value)
+        assert np.all(scales == 2.0 ** 14), scales
+        np.testing.assert_allclose(w.numpy(), -MEAN / 2.0 ** 14)  # exact in float32
+        assert len({float(v[0]) for v in gathered(w.value)}) == 1
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@check
 def upstream_optimizer_does_not_average():
     import horovod.tensorflow.keras as hk
 

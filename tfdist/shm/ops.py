@@ -49,6 +49,15 @@ def allreduce(tensors, average: bool = True):
     return list(outs)
 
 
+def all_true(flag):
+    """True on every rank when the scalar boolean `flag` is True on all of them."""
+    import tensorflow as tf
+
+    comm = runtime.communicator()
+    (total,) = allreduce([tf.cast(flag, tf.float32)], average=False)
+    return total > comm.size - 0.5
+
+
 class _GradientAllreduce:
     """Averages a list of gradients (None kept, IndexedSlices made dense)."""
 

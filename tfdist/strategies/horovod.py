@@ -46,6 +46,17 @@ def build(cluster, options):
     return tf.distribute.get_strategy()
 
 
+def _all_true(flag):
+    """True on every rank when the scalar boolean `flag` is True on all of them."""
+    import tensorflow as tf
+
+    from tfdist.horovod import runtime
+
+    hvd = runtime.hvd()
+    return hvd.allreduce(tf.cast(flag, tf.float32), op=hvd.Min,
+                         name="tfdist_all_finite") > 0.5
+
+
 class HorovodHooks(Hooks):
     """The trainer's hooks for Horovod data parallelism."""
 
@@ -59,9 +70,11 @@ class HorovodHooks(Hooks):
         return (self.cluster.num_workers, self.cluster.worker_index)
 
     def wrap_optimizer(self, optimizer):
+        from tfdist import allreduce_optimizer
         from tfdist.horovod import DistributedOptimizer
 
-        return DistributedOptimizer(optimizer)
+        return allreduce_optimizer.loss_scale_if_float16(DistributedOptimizer(optimizer),
+                                                         _all_true)
 
     def any_worker(self, strategy, flag):
         # One-scalar allreduce so every rank stops for SIGTERM at the same step.

@@ -53,9 +53,12 @@ class ShmHooks(Hooks):
         return (self.cluster.num_workers, self.cluster.worker_index)
 
     def wrap_optimizer(self, optimizer):
+        from tfdist import allreduce_optimizer
         from tfdist.shm import DistributedOptimizer
+        from tfdist.shm.ops import all_true
 
-        return DistributedOptimizer(optimizer)
+        return allreduce_optimizer.loss_scale_if_float16(DistributedOptimizer(optimizer),
+                                                         all_true)
 
     def compile_kwargs(self) -> dict:
         return {"jit_compile": False}  # the allreduce is a numpy_function
