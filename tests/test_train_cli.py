@@ -52,3 +52,18 @@ def test_help_lists_options():
     proc = run_py(["-m", "tfdist.train", "digits_mlp", "--help"], timeout=60)
     assert proc.returncode == 0
     assert "--hidden-units" in proc.stdout and "--global-batch-size" in proc.stdout
+
+
+def test_chief_writes_its_exit_status_file(tmp_path):
+    status = tmp_path / "status"
+    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--epochs", "1", "--steps-per-epoch", "2",
+                   "--verbose", "0", "--model-dir", str(tmp_path / "m"), "--status-file",
+                   str(status)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert status.read_text() == "0\n"
+    # A backup from another batch size is a CheckpointError (a ConfigError): exit 2, recorded.
+    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--epochs", "2", "--steps-per-epoch", "2",
+                   "--global-batch-size", "32", "--verbose", "0", "--model-dir",
+                   str(tmp_path / "m"), "--status-file", str(status)])
+    assert proc.returncode == 2 and status.read_text() == "2\n", proc.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".status")] == []

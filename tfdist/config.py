@@ -14,7 +14,7 @@ from tfdist.errors import ConfigError
 
 # Options every recipe has. A recipe's DEFAULTS may change these values.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    # auto | single | mirrored | multi_worker | horovod | parameter_server | model_parallel | pipeline
+    # auto | single | mirrored | multi_worker | shm | horovod | parameter_server | model_parallel | pipeline
     "strategy": "auto",
     "epochs": 5,
     "global_batch_size": 64,     # examples per optimizer step, all replicas together
@@ -47,6 +47,9 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "preempt_check_steps": 0,    # steps between workers' agreement on a SIGTERM (0: auto)
     "csv_log": True,             # chief writes MODEL_DIR/history.csv each epoch
     "tensorboard": False,        # chief writes TensorBoard logs to MODEL_DIR/logs
+    # The chief writes its exit status here (atomically) before exiting: launchers
+    # that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
+    "status_file": "",
     "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
     "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
     "warmup_epochs": 0.0,        # horovod: ramp lr from lr/size up to lr over these epochs

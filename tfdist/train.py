@@ -54,27 +54,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recipes: {recipe_lib.available()}\n")
         print(config.usage(config.merge(recipe.DEFAULTS, [], name)))
         return 0
+    status_file = ""
     try:
         recipe, cfg = parse(argv)
         from tfdist import cluster, trainer
 
-        trainer.train(recipe, cfg, cluster.detect())
+        info = cluster.detect()
+        status_file = cfg["status_file"] if info.is_chief else ""
+        trainer.train(recipe, cfg, info)
+        code = exit_codes.OK
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return exit_codes.CONFIG
+        code = exit_codes.CONFIG
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
-        return exit_codes.CLUSTER
+        code = exit_codes.CLUSTER
     except PeerLostError as e:
         print(f"error: {e}", file=sys.stderr)
-        return exit_codes.PEER_LOST
+        code = exit_codes.PEER_LOST
     except Exception as e:
         if type(e).__name__ != "Preempted":
             raise
         print(f"tfdist: {e}", file=sys.stderr, flush=True)
-        return exit_codes.PREEMPTED
-    return exit_codes.OK
+        code = exit_codes.PREEMPTED
+    if status_file:
+        write_status(status_file, code)
+    return code
 
+
+def write_status(path: str, code: int) -> None:
+    """Writes `code` and a newline to `path` atomically (temp file, then rename)."""
+    from tfdist.checkpoint import atomic_write_text
+
+    atomic_write_text(path, f"{code}\n")
 
 if __name__ == "__main__":
     sys.exit(main())

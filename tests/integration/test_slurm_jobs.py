@@ -193,16 +193,14 @@ def test_mirrored_job_on_one_node(slurm_cluster, baseline, tmp_path):
     _assert_same_weights(model_dir, baseline)
 
 
-def test_horovod_job(request, tmp_path):
+def _horovod_python(request):
+    """The Horovod venv's python, after starting the cluster; skips (fails in CI) without it."""
     from tfdist import strategies
 
     if "horovod" not in strategies.REGISTRY:
         reason = "tfdist has no --strategy horovod yet (the Horovod issue)"
         print(f"SKIP: {reason}")
         pytest.skip(reason)
-    request.getfixturevalue("slurm_cluster")  # only now: skipping costs no cluster start
-    baseline = request.getfixturevalue("baseline")
-    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
     # The Horovod venv (TFDIST_HOROVOD_VENV, from the Horovod issue's build script).
     venv = os.environ.get("TFDIST_HOROVOD_VENV",
                           os.path.expanduser("~/.cache/tfdist/horovod-venv"))
@@ -213,9 +211,42 @@ def test_horovod_job(request, tmp_path):
             pytest.fail(f"CI must run the Horovod Slurm job, but {reason}")
         print(f"SKIP: {reason}")
         pytest.skip(reason)
+    request.getfixturevalue("slurm_cluster")  # only now: skipping costs no cluster start
+    return hvd_python
+
+
+def test_horovod_job(request, tmp_path):
+    hvd_python = _horovod_python(request)
+    baseline = request.getfixturevalue("baseline")
+    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
     job, proc = _sbatch("horovod.sbatch", out, "digits_mlp", *ARGS, "--model-dir", model_dir,
                         wait=True, env=_env(HOROVOD_PYTHON=hvd_python))
     log = open(out.replace("%j", job)).read() if job else ""
     assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
     assert "num_replicas=2" in log, log[-4000:]
+    _assert_same_weights(model_dir, baseline)
+
+
+def test_horovod_sigterm_saves_backup_and_requeued_job_resumes(request, tmp_path):
+    # horovodrun exits 1 when a rank exits 75; the script reads rank 0's own status.
+    hvd_python = _horovod_python(request)
+    baseline = request.getfixturevalue("baseline")
+    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
+    recipe = os.path.join(WORKERS, "slow_digits.py")
+    job, proc = _sbatch("horovod.sbatch", out, recipe, *ARGS, "--model-dir", model_dir,
+                        "--save-every-steps", "4", env=_env(HOROVOD_PYTHON=hvd_python))
+    assert proc.returncode == 0 and job, tail(proc)
+    backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 180
+    while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
+        assert time.monotonic() < deadline, f"no backup; job {_job(job).get('JobState')}"
+        time.sleep(0.1)
+    # --batch: to the batch shell, as --signal=B:TERM does before the time limit.
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True)
+    _wait_all([job])
+    info, log = _job(job), open(out.replace("%j", job)).read()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), \
+        log[-4000:]
+    assert "rank 0 exited with 75" in log and "requeueing job" in log, log[-4000:]
+    step = int(log.split("preempted by signal 15 at global step ")[1].split(";")[0])
+    assert f"(global step {step})" in log and 0 < step < 44, log[-4000:]
     _assert_same_weights(model_dir, baseline)
