@@ -21,6 +21,8 @@ PROBE = ("import sys; from tfdist.train import main; rc = main(sys.argv[1:]); "
     (["digits_mlp", "--strategy", "mirrored", "--devices", "3", "--global-batch-size", "64"],
      "error: global_batch_size=64 is not divisible by num_replicas=3"),
     (["--lr-scaling", "cube"], "error: Unknown learning-rate scaling rule 'cube'"),
+    (["digits_mlp", "--warmup-epochs", "1"],
+     "--warmup-epochs 1.0 with --strategy single. Use --warmup-steps N"),
 ])
 def test_bad_input_fails_before_tensorflow(argv, message):
     proc = run_py(["-c", PROBE, *argv], timeout=60)

@@ -52,7 +52,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "status_file": "",
     "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
     "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
-    "warmup_epochs": 0.0,        # horovod: ramp lr from lr/size up to lr over these epochs
+    "warmup_epochs": 0.0,        # horovod, shm: ramp lr from lr/size up to lr over these epochs
     "straggler_delay_ms": 0,     # sleep this long in every step of one worker (sync vs async)
     "straggler_worker": 0,       # which training worker sleeps (its index among the workers)
     "ps_shards": 0,              # parameter_server: variable partitioning (>1 refused: Keras 3)

@@ -11,6 +11,10 @@ failed and how. With `--max-restarts R` it then relaunches all workers (up to
 R times), which resume from the chief's last backup. Imports no TensorFlow.
 
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
+    python -m tfdist.launch -n 2 -- python -m tfdist.train wide_mlp --strategy shm
+
+With `--strategy shm` no TensorFlow server starts: worker 0's port is the
+shared-memory engine's rendezvous.
 
 The gRPC ports TensorFlow opens are unauthenticated; this launcher binds them
 to 127.0.0.1 only.

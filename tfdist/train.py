@@ -4,6 +4,7 @@ Launch modes:
     python -m tfdist.train                          # digits_mlp, this machine, no cluster
     python -m tfdist.train digits_mlp --strategy mirrored --devices 2
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
+    python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy shm   # one host
     TF_CONFIG='{"cluster": ..., "task": ...}' python -m tfdist.train digits_mlp   # each host
     srun python -m tfdist.train digits_mlp          # each task of a Slurm step
     horovodrun -np 4 -H localhost:4 --gloo python -m tfdist.train digits_mlp --strategy horovod

@@ -94,7 +94,18 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         if cfg["placement"]:
             plan.parse_placement(cfg["placement"])
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
+    if cfg["warmup_epochs"]:
+        name = strategies.resolve_name(cfg["strategy"], cluster, cfg["devices"] or None)
+        if name not in WARMUP_EPOCHS_STRATEGIES:
+            raise ConfigError(
+                f"--warmup-epochs (Goyal et al.'s ramp from lr/size to lr) applies to "
+                f"{list(WARMUP_EPOCHS_STRATEGIES)}, which run one replica per process. Received: "
+                f"--warmup-epochs {cfg['warmup_epochs']} with --strategy {name}. Use "
+                "--warmup-steps N, which works under every strategy.")
 
+
+# Strategies whose hooks add the --warmup-epochs callback.
+WARMUP_EPOCHS_STRATEGIES = ("horovod", "shm")
 
 _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 _SHM_PEER = re.compile(r"shared-memory engine: rank (\d+)")  # tfdist.shm's PeerLostError

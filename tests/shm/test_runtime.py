@@ -51,3 +51,15 @@ def test_cli_refuses_shm_across_hosts(tmp_path):
     assert proc.returncode == exit_codes.CLUSTER, proc.stderr[-2000:]
     assert "are on other hosts" in proc.stderr and "HINT: use --strategy multi_worker" in proc.stderr
     assert "cuInit" not in proc.stderr and "oneDNN" not in proc.stderr  # before TensorFlow
+
+
+def test_shm_hooks_add_the_goyal_warmup_only_when_asked():
+    from tfdist.horovod.callbacks import LearningRateWarmup
+    from tfdist.strategies.shm import ShmHooks
+
+    hooks = ShmHooks(_cluster(["127.0.0.1:2001", "127.0.0.1:2002"]))
+    assert not any(isinstance(c, LearningRateWarmup)
+                   for c in hooks.callbacks({"warmup_epochs": 0.0}, 0.2))
+    (warmup,) = [c for c in hooks.callbacks({"warmup_epochs": 2.0}, 0.2)
+                 if isinstance(c, LearningRateWarmup)]
+    assert (warmup.initial_lr, warmup.size, warmup.warmup_epochs) == (0.1, 2, 2.0)

@@ -75,7 +75,15 @@ class ShmHooks(Hooks):
         from tfdist import shm
 
         # Broadcast first, so no other callback sees a rank's own random init.
-        return [shm.BroadcastInitialState(root=0), shm.MetricAverage()]
+        out = [shm.BroadcastInitialState(root=0), shm.MetricAverage()]
+        if cfg.get("warmup_epochs"):
+            # Goyal et al.'s ramp from lr/size, as under Horovod (the callback
+            # needs Horovod only when no size is given).
+            from tfdist.horovod.callbacks import LearningRateWarmup
+
+            size = self.cluster.num_workers
+            out.append(LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"], size=size))
+        return out
 
 
 def hooks(cluster, options) -> Hooks:
