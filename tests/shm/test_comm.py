@@ -120,3 +120,13 @@ def test_missing_peer_times_out_naming_it(tmp_path):
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 4, out
     assert "ranks [1] did not connect" in out
+
+
+def test_port_in_use_is_a_clear_error():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        before = _segments()
+        with pytest.raises(ClusterError, match=r"cannot listen on 127.0.0.1:(.|\n)*HINT"):
+            Communicator(0, 2, busy.getsockname(), timeout_s=5)
+        assert _segments() == before  # the segment it made is gone again

@@ -147,7 +147,15 @@ class Communicator:
             name = f"tfdist_{os.getpid()}_{uuid.uuid4().hex[:12]}"
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.nbytes)
             self._shm.buf[:self._mail_off] = bytes(self._mail_off)
-            self._listener = socket.create_server(self.address, reuse_port=False)
+            try:
+                self._listener = socket.create_server(self.address, reuse_port=False)
+            except OSError as e:
+                self._shm.close()
+                self._shm.unlink()
+                raise ClusterError(
+                    f"shared-memory rendezvous: rank 0 cannot listen on {self.address[0]}:"
+                    f"{self.address[1]} ({e.strerror or e}).\nHINT: worker 0's address in "
+                    "TF_CONFIG must be a free port on this host (tfdist.launch picks one).") from None
             self._listener.settimeout(max(0.1, deadline - time.monotonic()))
             while len(self._peers) < self.size - 1:
                 try:
