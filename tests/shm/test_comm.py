@@ -116,10 +116,42 @@ def test_dead_peer_is_an_error_not_a_hang(tmp_path):
 
 
 def test_missing_peer_times_out_naming_it(tmp_path):
+    before = _segments()
     (proc,) = _start("alone", 2, tmp_path, ranks=[0])
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 4, out
     assert "ranks [1] did not connect" in out
+    assert _segments() == before and "leaked shared_memory" not in out
+
+
+def test_stray_connection_to_the_rendezvous_is_ignored(tmp_path):
+    import socket
+    import threading
+
+    port, errors = free_ports(1)[0], []
+
+    def rank0():
+        try:
+            with Communicator(0, 2, ("127.0.0.1", port), timeout_s=20) as c0:
+                c0.barrier()
+        except Exception as e:  # reported by the assertion below
+            errors.append(e)
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    for _ in range(200):  # the stray client arrives first, while rank 0 waits for ranks
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"hi\n")  # shorter than a rank's hello, then gone
+            break
+        except OSError:
+            threading.Event().wait(0.05)
+    else:
+        raise AssertionError("rank 0 never listened")
+    rank1 = subprocess.run([sys.executable, WORKER, "barrier", "1", "2", str(port), str(tmp_path)],
+                           env=clean_env(), capture_output=True, text=True, timeout=30)
+    t.join(timeout=30)
+    assert rank1.returncode == 0 and not errors and not t.is_alive(), (rank1.stdout, errors)
 
 
 def test_port_in_use_is_a_clear_error():

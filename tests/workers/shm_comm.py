@@ -8,6 +8,7 @@ Scenarios:
     die: rank 1 exits right after the rendezvous; the others wait in a
         barrier and print the error they get.
     alone: only rank 0 is started (short timeout); prints the error.
+    barrier: one barrier.
 """
 
 import os
@@ -52,6 +53,8 @@ def main():
             for k, t, m, b in zip(names, total, mean, bcast):
                 result[f"sum_{k}"], result[f"mean_{k}"], result[f"bcast_{k}"] = t, m, b
             np.savez(os.path.join(out, f"rank{rank}.npz"), **result)
+        elif scenario == "barrier":
+            comm.barrier()
         elif scenario == "die":
             if rank == 1:
                 os._exit(0)

@@ -141,6 +141,17 @@ class Communicator:
 
     # -- rendezvous -----------------------------------------------------------------
     def _rendezvous(self) -> None:
+        try:
+            self._connect()
+        except BaseException:
+            if self.rank == 0 and self._shm is not None:
+                self._shm.close()
+                self._shm.unlink()  # nothing left in /dev/shm by a failed start
+                self._shm = None
+            self.close()
+            raise
+
+    def _connect(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         if self.rank == 0:
             _check_space(self.nbytes)
@@ -150,8 +161,6 @@ class Communicator:
             try:
                 self._listener = socket.create_server(self.address, reuse_port=False)
             except OSError as e:
-                self._shm.close()
-                self._shm.unlink()
                 raise ClusterError(
                     f"shared-memory rendezvous: rank 0 cannot listen on {self.address[0]}:"
                     f"{self.address[1]} ({e.strerror or e}).\nHINT: worker 0's address in "
@@ -166,7 +175,10 @@ class Communicator:
                         f"shared-memory rendezvous: ranks {missing} did not connect to "
                         f"{self.address[0]}:{self.address[1]} within {self.timeout_s:.0f} s.")
                 conn.settimeout(max(0.1, deadline - time.monotonic()))
-                magic, rank, size = struct.unpack("!7sii", _recv_exact(conn, 15))
+                try:
+                    magic, rank, size = struct.unpack("!7sii", _recv_exact(conn, 15))
+                except (OSError, PeerLostError):
+                    magic = None  # not one of ours (or it went away): ignore it
                 if magic != _MAGIC or size != self.size or rank in self._peers or not 0 < rank < size:
                     conn.close()
                     continue
