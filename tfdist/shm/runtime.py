@@ -34,6 +34,11 @@ def init(rank: int, size: int, address: tuple[str, int], *,
     return _COMM
 
 
+def is_initialized() -> bool:
+    """True once `init` has run in this process (and `shutdown` has not)."""
+    return _COMM is not None
+
+
 def communicator() -> Communicator:
     """The communicator `init` created.
 

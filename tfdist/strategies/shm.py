@@ -35,7 +35,7 @@ def build(cluster, options):
 
     from tfdist.shm import runtime
 
-    if runtime._COMM is None:  # noqa: SLF001 - build may be called again (evaluate)
+    if not runtime.is_initialized():  # build may run twice in one process
         runtime.init_from_cluster(cluster, options.timeout_s)
     return tf.distribute.get_strategy()
 
