@@ -82,6 +82,22 @@ def wrap(optimizer, allreduce: Callable[[list], list], backward_passes_per_step:
     return distributed
 
 
+def state_variables(model, optimizer=None) -> list:
+    """The variables an initial-state broadcast sends: the model's, then its optimizer's.
+
+    The optimizer (`model.optimizer` when None) is built on the model's
+    trainable variables first if it is not, so that its slots (momentum,
+    iterations) exist on every process and go too. Same order everywhere.
+    """
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    variables = list(model.variables)
+    if optimizer is not None:
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        variables += list(optimizer.variables)
+    return variables
+
+
 @functools.cache
 def _agreeing_loss_scale_class() -> type:
     """Keras's LossScaleOptimizer whose finite check is agreed by every process."""

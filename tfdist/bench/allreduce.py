@@ -175,6 +175,23 @@ def plot(result: dict, fig) -> None:
     ax.legend(fontsize=7)
 
 
+def _time_sizes(spec: dict, step, make_input, before=None) -> list[float]:
+    """Median seconds of `step(make_input(elements))` per size, after one warm-up call."""
+    seconds = []
+    for mb in spec["sizes_mb"]:
+        x = make_input(max(1, int(mb * 1e6 / 4)))
+        step(x).numpy()  # warm-up: trace, instance keys, buffers
+        times = []
+        for _ in range(spec["iters"]):
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            step(x).numpy()
+            times.append(time.perf_counter() - start)
+        seconds.append(statistics.median(times))
+    return seconds
+
+
 def _mwms_worker(spec: dict) -> None:
     """Runs on every MWMS worker: median seconds per all-reduce per size."""
     import tensorflow as tf
@@ -200,19 +217,12 @@ def _mwms_worker(spec: dict) -> None:
             return tf.distribute.get_replica_context().all_reduce("SUM", t, options=options)[:1]
         return strategy.run(fn, args=(x,))
 
-    seconds = []
-    for mb in spec["sizes_mb"]:
-        n = max(1, int(mb * 1e6 / 4))
+    def make_input(n):
         # A distributed value lives on the replica's device, as gradients do.
-        x = strategy.experimental_distribute_values_from_function(
-            lambda _ctx, n=n: tf.ones([n], tf.float32))
-        step(x).numpy()  # warm-up: trace, instance keys, buffers
-        times = []
-        for _ in range(spec["iters"]):
-            start = time.perf_counter()
-            step(x).numpy()
-            times.append(time.perf_counter() - start)
-        seconds.append(statistics.median(times))
+        return strategy.experimental_distribute_values_from_function(
+            lambda _ctx: tf.ones([n], tf.float32))
+
+    seconds = _time_sizes(spec, step, make_input)
     if cluster.is_chief:
         runs.emit({"seconds": seconds})
 
@@ -234,17 +244,8 @@ def _shm_worker(spec: dict) -> None:
         # Only a slice comes back to Python, as in the MWMS worker.
         return shm.allreduce([x], average=False)[0][:1]
 
-    seconds = []
-    for mb in spec["sizes_mb"]:
-        x = tf.ones([max(1, int(mb * 1e6 / 4))], tf.float32)
-        step(x).numpy()
-        times = []
-        for _ in range(spec["iters"]):
-            comm.barrier()  # start together: time the collective, not the other rank's lag
-            start = time.perf_counter()
-            step(x).numpy()
-            times.append(time.perf_counter() - start)
-        seconds.append(statistics.median(times))
+    # Start each all-reduce together: time the collective, not the other rank's lag.
+    seconds = _time_sizes(spec, step, lambda n: tf.ones([n], tf.float32), before=comm.barrier)
     if cluster.is_chief:
         runs.emit({"seconds": seconds})
 

@@ -51,10 +51,6 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
             (momentum, iterations) exist on every rank and are broadcast too.
         root_rank: The rank whose state wins.
     """
-    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-    variables = list(model.variables)
-    if optimizer is not None:
-        if not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        variables += list(optimizer.variables)
-    broadcast_variables(variables, root_rank)
+    from tfdist.allreduce_optimizer import state_variables
+
+    broadcast_variables(state_variables(model, optimizer), root_rank)

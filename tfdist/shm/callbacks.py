@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from tfdist.allreduce_optimizer import state_variables
 from tfdist.shm import runtime
 
 
@@ -14,12 +15,7 @@ def broadcast_state(model, optimizer=None, root: int = 0) -> None:
     Builds the optimizer on the trainable variables first when needed, so its
     slots exist (and are broadcast) on every rank.
     """
-    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-    variables = list(model.variables)
-    if optimizer is not None:
-        if not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        variables += list(optimizer.variables)
+    variables = state_variables(model, optimizer)
     values = runtime.communicator().broadcast(
         [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in variables], root)
     for variable, value in zip(variables, values):

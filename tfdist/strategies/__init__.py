@@ -88,6 +88,54 @@ class Hooks:
         return []
 
 
+class ProcessReplicaHooks(Hooks):
+    """Hooks of engines with one replica per process that TensorFlow never sees.
+
+    Horovod and shm: the cluster's workers are the replicas, each reads its
+    shard, the optimizer allreduces, and the engine's callbacks broadcast
+    rank 0's state, average metrics and (with --warmup-epochs) ramp the
+    learning rate from lr/size. Subclasses supply `_distributed`, `_all_true`
+    and `_engine_callbacks`.
+    """
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def num_replicas(self, strategy) -> int:
+        return self.cluster.num_workers
+
+    def input_shard(self):
+        return (self.cluster.num_workers, self.cluster.worker_index)
+
+    def wrap_optimizer(self, optimizer):
+        from tfdist import allreduce_optimizer
+
+        return allreduce_optimizer.loss_scale_if_float16(self._distributed(optimizer),
+                                                         self._all_true)
+
+    def callbacks(self, cfg, learning_rate):
+        out = self._engine_callbacks()
+        if cfg.get("warmup_epochs"):
+            # Goyal et al.'s ramp (the callback needs Horovod only when no size is given).
+            from tfdist.horovod.callbacks import LearningRateWarmup
+
+            size = self.cluster.num_workers
+            out.append(LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"], size=size))
+        return out
+
+    def _distributed(self, optimizer):  # pragma: no cover - interface
+        """The engine's DistributedOptimizer around `optimizer`."""
+        raise NotImplementedError
+
+    def _all_true(self, flag):  # pragma: no cover - interface
+        """True on every rank when the scalar boolean tensor `flag` is True on all."""
+        raise NotImplementedError
+
+    def _engine_callbacks(self) -> list:  # pragma: no cover - interface
+        """Broadcast first (no other callback may see a rank's own init), then metrics."""
+        raise NotImplementedError
+
+
 def build_hooks(name: str, cluster, options: StrategyOptions | None = None) -> Hooks:
     """The trainer hooks of a concrete adapter (`Hooks()` when it has none)."""
     module = importlib.import_module(REGISTRY[name])
@@ -175,5 +223,5 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
     return module.build(cluster, options)
 
 
-__all__ = ["REGISTRY", "Hooks", "StrategyOptions", "build_hooks", "build_strategy",
+__all__ = ["REGISTRY", "Hooks", "ProcessReplicaHooks", "StrategyOptions", "build_hooks", "build_strategy",
            "check_available", "check_name", "has_ps_tasks", "resolve_name", "valid_names"]

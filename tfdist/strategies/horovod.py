@@ -15,7 +15,7 @@ epoch metrics are averaged, and rank 0 is the chief that writes.
 from __future__ import annotations
 
 from tfdist.errors import ClusterError
-from tfdist.strategies import Hooks
+from tfdist.strategies import Hooks, ProcessReplicaHooks
 
 
 def check_available() -> None:
@@ -46,35 +46,27 @@ def build(cluster, options):
     return tf.distribute.get_strategy()
 
 
-def _all_true(flag):
-    """True on every rank when the scalar boolean `flag` is True on all of them."""
-    import tensorflow as tf
-
-    from tfdist.horovod import runtime
-
-    hvd = runtime.hvd()
-    return hvd.allreduce(tf.cast(flag, tf.float32), op=hvd.Min,
-                         name="tfdist_all_finite") > 0.5
-
-
-class HorovodHooks(Hooks):
+class HorovodHooks(ProcessReplicaHooks):
     """The trainer's hooks for Horovod data parallelism."""
 
-    def __init__(self, cluster):
-        self.cluster = cluster
-
-    def num_replicas(self, strategy) -> int:
-        return self.cluster.num_workers
-
-    def input_shard(self):
-        return (self.cluster.num_workers, self.cluster.worker_index)
-
-    def wrap_optimizer(self, optimizer):
-        from tfdist import allreduce_optimizer
+    def _distributed(self, optimizer):
         from tfdist.horovod import DistributedOptimizer
 
-        return allreduce_optimizer.loss_scale_if_float16(DistributedOptimizer(optimizer),
-                                                         _all_true)
+        return DistributedOptimizer(optimizer)
+
+    def _all_true(self, flag):
+        import tensorflow as tf
+
+        from tfdist.horovod import runtime
+
+        hvd = runtime.hvd()
+        return hvd.allreduce(tf.cast(flag, tf.float32), op=hvd.Min,
+                             name="tfdist_all_finite") > 0.5
+
+    def _engine_callbacks(self):
+        from tfdist.horovod import callbacks
+
+        return [callbacks.BroadcastInitialState(root_rank=0), callbacks.MetricAverage()]
 
     def any_worker(self, strategy, flag):
         # One-scalar allreduce so every rank stops for SIGTERM at the same step.
@@ -86,17 +78,6 @@ class HorovodHooks(Hooks):
         total = hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=hvd.Sum,
                               name="tfdist_preemption")
         return float(total) > 0
-
-    def callbacks(self, cfg, learning_rate):
-        from tfdist.horovod import callbacks
-
-        # Broadcast first, so no other callback sees a rank's own random init.
-        out = [callbacks.BroadcastInitialState(root_rank=0), callbacks.MetricAverage()]
-        if cfg.get("warmup_epochs"):
-            size = self.cluster.num_workers
-            out.append(callbacks.LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"],
-                                                    size=size))
-        return out
 
 
 def hooks(cluster, options) -> Hooks:

@@ -14,7 +14,7 @@ averaged and rank 0 is the chief. No TensorFlow server starts.
 
 from __future__ import annotations
 
-from tfdist.strategies import Hooks
+from tfdist.strategies import Hooks, ProcessReplicaHooks
 
 
 def check_available() -> None:
@@ -40,25 +40,23 @@ def build(cluster, options):
     return tf.distribute.get_strategy()
 
 
-class ShmHooks(Hooks):
+class ShmHooks(ProcessReplicaHooks):
     """The trainer's hooks for shared-memory data parallelism."""
 
-    def __init__(self, cluster):
-        self.cluster = cluster
-
-    def num_replicas(self, strategy) -> int:
-        return self.cluster.num_workers
-
-    def input_shard(self):
-        return (self.cluster.num_workers, self.cluster.worker_index)
-
-    def wrap_optimizer(self, optimizer):
-        from tfdist import allreduce_optimizer
+    def _distributed(self, optimizer):
         from tfdist.shm import DistributedOptimizer
+
+        return DistributedOptimizer(optimizer)
+
+    def _all_true(self, flag):
         from tfdist.shm.ops import all_true
 
-        return allreduce_optimizer.loss_scale_if_float16(DistributedOptimizer(optimizer),
-                                                         all_true)
+        return all_true(flag)
+
+    def _engine_callbacks(self):
+        from tfdist import shm
+
+        return [shm.BroadcastInitialState(root=0), shm.MetricAverage()]
 
     def compile_kwargs(self) -> dict:
         return {"jit_compile": False}  # the allreduce is a numpy_function
@@ -70,20 +68,6 @@ class ShmHooks(Hooks):
 
         (total,) = runtime.communicator().allreduce([np.array([float(flag)])])
         return bool(total[0] > 0)
-
-    def callbacks(self, cfg, learning_rate):
-        from tfdist import shm
-
-        # Broadcast first, so no other callback sees a rank's own random init.
-        out = [shm.BroadcastInitialState(root=0), shm.MetricAverage()]
-        if cfg.get("warmup_epochs"):
-            # Goyal et al.'s ramp from lr/size, as under Horovod (the callback
-            # needs Horovod only when no size is given).
-            from tfdist.horovod.callbacks import LearningRateWarmup
-
-            size = self.cluster.num_workers
-            out.append(LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"], size=size))
-        return out
 
 
 def hooks(cluster, options) -> Hooks:
