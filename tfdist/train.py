@@ -89,5 +89,6 @@ def write_status(path: str, code: int) -> None:
 
     atomic_write_text(path, f"{code}\n")
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -96,16 +96,14 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
     if cfg["warmup_epochs"]:
         name = strategies.resolve_name(cfg["strategy"], cluster, cfg["devices"] or None)
-        if name not in WARMUP_EPOCHS_STRATEGIES:
+        # The hooks that add its callback decide, so this check cannot drift from them.
+        if not isinstance(strategies.build_hooks(name, cluster), strategies.ProcessReplicaHooks):
             raise ConfigError(
                 f"--warmup-epochs (Goyal et al.'s ramp from lr/size to lr) applies to "
-                f"{list(WARMUP_EPOCHS_STRATEGIES)}, which run one replica per process. Received: "
+                f"strategies that run one replica per process (horovod, shm). Received: "
                 f"--warmup-epochs {cfg['warmup_epochs']} with --strategy {name}. Use "
                 "--warmup-steps N, which works under every strategy.")
 
-
-# Strategies whose hooks add the --warmup-epochs callback.
-WARMUP_EPOCHS_STRATEGIES = ("horovod", "shm")
 
 _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 _SHM_PEER = re.compile(r"shared-memory engine: rank (\d+)")  # tfdist.shm's PeerLostError
@@ -121,8 +119,7 @@ def describe_peer_failure(message: str, cluster) -> str | None:
         where = f" ({addresses[task]})" if task < len(addresses) else ""
         return f"{job} {task}{where}"
     for rank in _SHM_PEER.findall(message):
-        spec = (cluster.tf_config or {}).get("cluster", {})
-        addresses = [*spec.get("chief", []), *spec.get("worker", [])]
+        addresses = cluster.worker_addresses
         rank = int(rank)
         where = f" ({addresses[rank]})" if rank < len(addresses) else ""
         return f"worker {rank}{where}"

@@ -43,6 +43,16 @@ class ClusterInfo:
         """True when more than one process trains together."""
         return self.num_workers > 1
 
+    @property
+    def worker_addresses(self) -> list[str]:
+        """'host:port' of every training worker, indexed by `worker_index`.
+
+        The chief (when TF_CONFIG has one) is worker 0, then the "worker"
+        tasks; empty for a job without a TF_CONFIG cluster.
+        """
+        spec = (self.tf_config or {}).get("cluster", {})
+        return [*spec.get("chief", []), *spec.get("worker", [])]
+
     def tf_config_json(self) -> str | None:
         """TF_CONFIG as the JSON string TensorFlow reads, or None."""
         return None if self.tf_config is None else json.dumps(self.tf_config)

@@ -290,9 +290,7 @@ class Communicator:
     def _allreduce_one(self, x: np.ndarray, out: np.ndarray, average: bool) -> None:
         n, r, dt = self.size, self.rank, x.dtype
         mail, result = self._mail, self._result
-        scale = None
-        if average:
-            scale = np.asarray(1.0 / n, dtype=dt) if dt.kind == "f" else None
+        scale = np.asarray(1.0 / n, dtype=dt) if dt.kind == "f" else None
         for _, chunks in chunk_bounds(x.nbytes, dt.itemsize, n, self.chunk_bytes):
             # 1. hand each peer q my part of its chunk q.
             for q, (lo, hi) in enumerate(chunks):

@@ -70,11 +70,17 @@ def _local_addresses() -> set[str]:
     return out
 
 
-def is_local_host(host: str) -> bool:
-    """True when `host` names this machine (a loopback address or one of its names)."""
+def is_local_host(host: str, local: set[str] | None = None) -> bool:
+    """True when `host` names this machine (a loopback address or one of its names).
+
+    Args:
+        host: A host name or address.
+        local: This machine's names and addresses, when the caller already
+            looked them up (they cost DNS queries).
+    """
     if host.startswith("127.") or host in ("::1", "[::1]"):
         return True
-    local = _local_addresses()
+    local = _local_addresses() if local is None else local
     if host in local:
         return True
     try:
@@ -90,13 +96,13 @@ def rendezvous_address(cluster) -> tuple[str, int]:
     Raises:
         ClusterError: when the workers are not all on this host.
     """
-    spec = (cluster.tf_config or {}).get("cluster", {})
-    addresses = [*spec.get("chief", []), *spec.get("worker", [])]
+    addresses = cluster.worker_addresses
     if len(addresses) != cluster.num_workers:
         raise ClusterError(f"--strategy shm: the cluster lists {len(addresses)} worker "
                            f"addresses for {cluster.num_workers} workers.\n"
                            "HINT: start it with tfdist.launch -n N or under srun.")
-    remote = [a for a in addresses if not is_local_host(a.rpartition(":")[0])]
+    local = _local_addresses()
+    remote = [a for a in addresses if not is_local_host(a.rpartition(":")[0], local)]
     if remote:
         raise ClusterError(
             f"--strategy shm trains processes on one host through shared memory, but workers "
