@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -55,3 +57,25 @@ def run_py(args: list[str], timeout: float = 240, env: dict | None = None,
 def tail(proc: subprocess.CompletedProcess, n: int = 3000) -> str:
     """The end of a process's output, for assertion messages."""
     return f"rc={proc.returncode}\nSTDOUT:\n{proc.stdout[-n:]}\nSTDERR:\n{proc.stderr[-n:]}"
+
+
+@contextlib.contextmanager
+def namespaced_hosts(num_hosts: int, rate: str | None = None, prefix: str = "t"):
+    """A `tfdist.hosts.Cluster` of `num_hosts` hosts under a unique name, always torn down.
+
+    Skips, saying why, when namespaces cannot be made here; under CI (CI set)
+    that is a failure instead.
+    """
+    from tfdist.hosts import Cluster, unavailable
+
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs namespaced hosts: {reason}")
+        pytest.skip(reason)
+    name = f"{prefix}{os.getpid() % 100000}-{uuid.uuid4().hex[:6]}"
+    cluster = Cluster(name)
+    try:
+        yield cluster.up(num_hosts, rate=rate)
+    finally:
+        cluster.down()
