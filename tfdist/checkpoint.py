@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from tfdist.errors import CheckpointError
+from tfdist.errors import CheckpointError, StorageError, describe_os_error
 
 
 @contextlib.contextmanager
@@ -26,24 +26,33 @@ def atomic_path(path: str, suffix: str = ""):
     """Yields a temporary path beside `path`; renames it onto `path` on success.
 
     On error the temporary file is removed and `path` is left as it was.
+
+    Raises:
+        StorageError: for any OSError while writing (one line naming the path
+            and errno: a full disk, a read-only dir, a file where a directory
+            should be).
     """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".tmp{suffix}",
-                               dir=directory)
-    os.close(fd)
-    # mkstemp creates the file 0600; give the result the usual umask mode.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+                                   suffix=f".tmp{suffix}", dir=directory)
+        os.close(fd)
+        # mkstemp creates the file 0600; give the result the usual umask mode.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        raise StorageError(describe_os_error(e, path)) from None
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -185,7 +194,8 @@ class BackupStore:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
         for old in self.paths()[:-self.keep]:
-            os.remove(old)
+            with contextlib.suppress(FileNotFoundError):  # removed already: nothing to do
+                os.remove(old)
         return path
 
     @staticmethod

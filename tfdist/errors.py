@@ -31,3 +31,21 @@ class PeerLostError(RuntimeError):
     def __init__(self, message: str, peer: str | None = None):
         super().__init__(message)
         self.peer = peer
+
+
+class StorageError(ConfigError):
+    """The model dir cannot be written: read-only, full, not a directory, ...
+
+    The message is one line naming the path and the errno.
+    """
+
+
+def describe_os_error(e: OSError, path: str, what: str = "cannot write") -> str:
+    """One line for an OSError: '<what>: cannot write PATH: [Errno 28] ENOSPC: ...'."""
+    import errno as errno_lib
+
+    name = errno_lib.errorcode.get(e.errno, "?") if e.errno else "?"
+    where = e.filename or path
+    return (f"{what}: {where}: [Errno {e.errno}] {name}: {e.strerror or e}. The previous "
+            "backup (if any) is intact; fix the storage or pass another --model-dir, then "
+            "rerun to resume.")

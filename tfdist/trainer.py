@@ -23,6 +23,7 @@ import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import data, optim, straggler, strategies
+from tfdist import model_dir as model_dir_lib
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError, PeerLostError
@@ -163,15 +164,34 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         Preempted: after SIGTERM, once the backup is saved.
         PeerLostError: when another worker died or became unreachable.
         CheckpointError: when the backup to resume from is corrupt or foreign.
+        ModelDirBusyError: when another job holds the model dir.
+        StorageError: when the model dir cannot be written (before training,
+            or at a save: one line naming the path and errno).
     """
     cluster = cluster or cluster_lib.detect()
-    if cfg["strategy"] == "parameter_server" or (
-            cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster)):
-        from tfdist import ps  # asynchronous training has its own loop
+    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
+    parameter_server = cfg["strategy"] == "parameter_server" or (
+        cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster))
+    if not parameter_server:
+        check_before_tensorflow(cfg, cluster)
+    # The chief owns the model dir for the whole run: probed, locked, cleaned.
+    with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
+        if parameter_server:
+            from tfdist import ps  # asynchronous training has its own loop
 
-        return ps.run(recipe, cfg, cluster)
-    check_before_tensorflow(cfg, cluster)
+            return ps.run(recipe, cfg, cluster)
+        return _train(recipe, cfg, cluster, callbacks, model_dir)
 
+
+def check_free_space(model_dir: str, cluster, model, optimizer) -> None:
+    """Chief: refuses to train when one backup and the final model would not fit."""
+    if cluster.is_chief:
+        model_dir_lib.check_free_space(
+            model_dir, model_dir_lib.backup_bytes([*model.variables, *optimizer.variables])
+            + model_dir_lib.backup_bytes(model.variables))
+
+
+def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
     import keras
     import tensorflow as tf
 
@@ -203,7 +223,6 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     effective = gbs * cfg["accumulate"]
     lr = data.scale_learning_rate(cfg["learning_rate"], effective,
                                   cfg["base_batch_size"] or effective, cfg["lr_scaling"])
-    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
     _log(cluster, f"recipe={recipe.RECIPE_NAME} strategy={name} num_replicas={replicas} "
                   f"workers={cluster.num_workers} source={cluster.source} "
                   f"global_batch_size={gbs} per_replica_batch_size={per_replica} "
@@ -234,6 +253,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
         # Keras builds optimizers lazily; build now so a backup can fill its slots.
         optimizer.build(model.trainable_variables)
+    check_free_space(model_dir, cluster, model, optimizer)
 
     # --- resume ---------------------------------------------------------
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])

@@ -23,7 +23,7 @@ COMMON = ["digits_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
 RTOL, ATOL = 1e-5, 1e-6
 # Small clip threshold: digits gradients are clipped at almost every step.
 LAMB_CLIP = ["--optimizer", "lamb", "--learning-rate", "0.01", "--clipnorm", "0.5"]
-CHIEF_FILES = ["backup", "history.csv", "metrics.json", "model.keras"]
+CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.keras"]
 
 
 def _train(tmp, name, extra, launch_n=0):

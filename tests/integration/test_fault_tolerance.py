@@ -29,7 +29,7 @@ DUMP = os.path.join(WORKERS, "train_dump.py")
 ARGS = ["digits_mlp", "--strategy", "multi_worker", "--epochs", "4", "--seed", "0",
         "--deterministic", "--global-batch-size", "64", "--learning-rate", "0.1",
         "--verbose", "0", "--threads", "1", "--save-every-steps", "4"]
-CHIEF_FILES = ["backup", "history.csv", "metrics.json", "model.keras"]
+CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.keras"]
 
 
 def _weights(dump_dir):

@@ -151,7 +151,7 @@ def test_unaveraged_gradients_are_caught(runs):
 @pytest.mark.parametrize("key", [("gloo", 2), ("mpi", 4)], ids=["gloo-2", "mpi-4"])
 def test_only_rank0_writes_model_dir(runs, key):
     _, model_dir, proc = runs[key]
-    assert sorted(os.listdir(model_dir)) == ["backup", "history.csv", "metrics.json",
+    assert sorted(os.listdir(model_dir)) == [".tfdist.lock", "backup", "history.csv", "metrics.json",
                                              "model.keras"]
     assert sorted(os.listdir(os.path.join(model_dir, "backup"))) == [
         "ckpt-0000000022.npz", "ckpt-0000000044.npz"]  # one per epoch, rank 0 only

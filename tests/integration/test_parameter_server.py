@@ -71,7 +71,7 @@ def test_async_loss_comparable_to_sync(runs):
 
 def test_only_the_chief_writes_and_the_model_loads(runs):
     metrics, model_dir, proc = runs["async"]
-    assert sorted(os.listdir(model_dir)) == ["backup", "metrics.json", "model.keras"]
+    assert sorted(os.listdir(model_dir)) == [".tfdist.lock", "backup", "metrics.json", "model.keras"]
     backups = sorted(os.listdir(os.path.join(model_dir, "backup")))
     assert backups == [f"ckpt-{(e + 1) * STEPS_PER_EPOCH:010d}.npz" for e in range(1, EPOCHS)]
     assert proc.stdout.count("wrote ") == 1 and "[chief] tfdist: test " in proc.stdout

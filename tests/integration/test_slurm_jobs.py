@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 CLUSTER = os.path.join(REPO, "slurm", "local_cluster.sh")
 ARGS = ["--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size", "64",
         "--learning-rate", "0.1", "--verbose", "0", "--threads", "1"]
-CHIEF_FILES = ["backup", "history.csv", "metrics.json", "model.keras"]
+CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.keras"]
 
 
 def _cluster_ok() -> bool:

@@ -68,7 +68,7 @@ def train(recipe, cfg: dict, cluster):
 
     from tfdist import straggler
     from tfdist.strategies.devices import configure_runtime
-    from tfdist.trainer import Result, model_dir_for
+    from tfdist.trainer import Result, check_free_space, model_dir_for
 
     configure_runtime(cpu_devices=None, intra_op_threads=cfg["threads"] or None)
     keras.utils.set_random_seed(cfg["seed"])
@@ -105,6 +105,7 @@ def train(recipe, cfg: dict, cluster):
     shuffle_buffer, seed, num_workers = cfg["shuffle_buffer"], cfg["seed"], len(workers)
 
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
+    check_free_space(model_dir, cluster, model, optimizer)
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs}
     # Assignments inside the scope go to the ps tasks.

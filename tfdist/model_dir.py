@@ -1,0 +1,227 @@
+"""One job per model dir, and a model dir checked before training starts.
+
+`claim(model_dir, is_chief)` is what the chief does before TensorFlow builds
+anything: create the dir (and its `backup/`), probe that it can write there,
+take the dir's lock and remove the temporary files a killed job left. Other
+workers do nothing here: only the chief writes.
+
+The lock is an advisory `flock` on MODEL_DIR/.tfdist.lock, held by the chief
+for the whole run, and the file records who holds it (host, pid, start time),
+so a second job on the same dir is refused at once naming the holder. The
+kernel drops a `flock` when its process dies however it dies (SIGKILL, OOM),
+so a killed job's lock is never stale: the next job takes it over and says
+whose it was. On NFS, Linux implements `flock` as a POSIX byte-range lock
+(`lockf` semantics) through the NFS lock protocol, which works across hosts;
+a lock of a client host that died is freed when the server's lease or grace
+period ends (NFSv4: about 90 s). Filesystems without locking (ENOLCK,
+EOPNOTSUPP: NFS mounted `nolock`, some FUSE filesystems) get a warning and
+no lock: two jobs there are not kept apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+
+from tfdist.checkpoint import BACKUP_DIR
+from tfdist.errors import ConfigError, StorageError, describe_os_error
+
+LOCK_NAME = ".tfdist.lock"
+# The names `checkpoint.atomic_path` writes before renaming: ".NAME.XXXXXXXX.tmp[.ext]".
+_TMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?$")
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+class ModelDirBusyError(ConfigError):
+    """Another job holds the model dir's lock."""
+
+
+def probe(model_dir: str) -> None:
+    """Creates MODEL_DIR/backup and writes, syncs and removes a file there.
+
+    Raises:
+        StorageError: naming the path and errno (read-only, a file where a
+            directory should be, a dangling symlink, no space, ...).
+    """
+    backup = os.path.join(model_dir, BACKUP_DIR)
+    path = backup
+    try:
+        os.makedirs(backup, exist_ok=True)
+        path = os.path.join(backup, f".probe.{os.getpid()}")
+        with open(path, "wb") as f:
+            f.write(b"tfdist")
+            f.flush()
+            os.fsync(f.fileno())
+        os.remove(path)
+    except OSError as e:
+        raise StorageError(describe_os_error(e, path, "the model dir is not writable")) from None
+
+
+def check_free_space(model_dir: str, needed: int) -> None:
+    """Refuses to train when the model dir's filesystem cannot hold `needed` bytes.
+
+    Raises:
+        StorageError: naming the path, what is free and what one backup needs.
+    """
+    st = os.statvfs(model_dir)
+    free = st.f_bavail * st.f_frsize
+    if free < needed:
+        raise StorageError(
+            f"cannot write backups to {model_dir}: [Errno {errno.ENOSPC}] ENOSPC: "
+            f"{free / 1e6:.1f} MB free, one backup needs about {needed / 1e6:.1f} MB. "
+            "Free space there, or pass another --model-dir.")
+
+
+def backup_bytes(variables) -> int:
+    """Pure-ish: bytes one backup of `variables` takes (values plus zip overhead)."""
+    total = 0
+    for v in variables:
+        count = 1
+        for d in v.shape:
+            count *= int(d)
+        total += count * _itemsize(v.dtype) + 512
+    return total + 64 * 1024
+
+
+def _itemsize(dtype) -> int:
+    import numpy as np
+
+    name = getattr(dtype, "name", dtype)
+    return np.dtype(str(name)).itemsize
+
+
+def remove_stale_temporaries(model_dir: str) -> list[str]:
+    """Removes half-written files a killed job left (chief, under the lock)."""
+    removed = []
+    for d in (model_dir, os.path.join(model_dir, BACKUP_DIR)):
+        if not os.path.isdir(d):
+            continue
+        for name in os.listdir(d):
+            if _TMP.match(name):
+                path = os.path.join(d, name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+                    removed.append(path)
+    return removed
+
+
+class ModelDirLock:
+    """The exclusive lock of one model dir (see the module docstring).
+
+    Args:
+        model_dir: The dir to lock; it must exist.
+    """
+
+    def __init__(self, model_dir: str):
+        self.path = os.path.join(model_dir, LOCK_NAME)
+        self._file = None
+        self.previous: dict | None = None  # a dead holder's record, when taken over
+        self.supported = True
+
+    def acquire(self) -> None:
+        """Takes the lock, or raises ModelDirBusyError naming the holder.
+
+        Raises:
+            ModelDirBusyError: when another process holds it.
+            StorageError: when the lock file cannot be opened.
+        """
+        try:
+            f = open(self.path, "a+", encoding="utf-8")
+        except OSError as e:
+            raise StorageError(describe_os_error(e, self.path, "cannot open the lock file")) from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in _NO_LOCKS:
+                self.supported = False
+                self._file = f
+                return
+            holder = _read(f)
+            f.close()
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StorageError(describe_os_error(e, self.path, "cannot lock")) from None
+            raise ModelDirBusyError(
+                f"model dir {os.path.dirname(self.path)} is in use by another tfdist job "
+                f"({_describe(holder)}; lock file {self.path}). Wait for that job to end or "
+                "stop it, or pass another --model-dir.") from None
+        self.previous = _read(f) or None
+        record = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds")}
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        self._file = f
+
+    def release(self) -> None:
+        """Drops the lock (closing the file releases the flock).
+
+        The record is cleared first: a record found under a free lock is then
+        always a job that died holding it.
+        """
+        if self._file is not None:
+            if self.supported:
+                with contextlib.suppress(OSError):
+                    self._file.seek(0)
+                    self._file.truncate()
+                    self._file.flush()
+            self._file.close()
+            self._file = None
+
+
+def _read(f) -> dict:
+    f.seek(0)
+    try:
+        return json.loads(f.read() or "{}")
+    except ValueError:
+        return {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "holder not yet recorded: it is starting"
+    return (f"host {holder.get('host')}, pid {holder.get('pid')}, started "
+            f"{holder.get('started')}")
+
+
+@contextlib.contextmanager
+def claim(model_dir: str, is_chief: bool, log=print):
+    """Probes, locks and cleans `model_dir` for the chief; a no-op elsewhere.
+
+    Args:
+        model_dir: The job's model dir.
+        is_chief: Only the chief claims it.
+        log: Where to say what was taken over or removed.
+
+    Raises:
+        StorageError: when the dir cannot be created or written.
+        ModelDirBusyError: when another job holds it.
+    """
+    if not is_chief:
+        yield None
+        return
+    probe(model_dir)
+    lock = ModelDirLock(model_dir)
+    lock.acquire()
+    try:
+        if not lock.supported:
+            log(f"warning: {model_dir} is on a filesystem without locks; another job on the "
+                "same --model-dir would not be refused.")
+        elif lock.previous:
+            log(f"took over the lock of a job that is no longer running "
+                f"({_describe(lock.previous)})")
+        removed = remove_stale_temporaries(model_dir)
+        if removed:
+            log(f"removed {len(removed)} half-written file(s) left by an interrupted job: "
+                f"{', '.join(os.path.basename(p) for p in removed)}")
+        yield lock
+    finally:
+        lock.release()
+
