@@ -49,3 +49,10 @@ def describe_os_error(e: OSError, path: str, what: str = "cannot write") -> str:
     return (f"{what}: {where}: [Errno {e.errno}] {name}: {e.strerror or e}. The previous "
             "backup (if any) is intact; fix the storage or pass another --model-dir, then "
             "rerun to resume.")
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks made different collective calls (order, op, dtype or size differ).
+
+    Raised on every rank instead of returning data, naming both calls.
+    """

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import WORKERS, clean_env
-from tests.workers.shm_comm import inputs
+from tests.workers.shm_comm import STRESS_CALLS, inputs
 from tfdist.launch import free_ports
 from tfdist.errors import ClusterError
 from tfdist.shm import comm as comm_lib
@@ -162,3 +162,34 @@ def test_port_in_use_is_a_clear_error():
         with pytest.raises(ClusterError, match=r"cannot listen on 127.0.0.1:(.|\n)*HINT"):
             Communicator(0, 2, busy.getsockname(), timeout_s=5)
         assert _segments() == before  # the segment it made is gone again
+
+
+def test_mismatched_collectives_fail_on_every_rank_naming_both_calls(tmp_path):
+    # The scenario: without the call records both ranks got wrong numbers.
+    procs = _start("mismatch", 2, tmp_path)
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [5, 5], outs
+    for out in outs:
+        assert "NO ERROR" not in out and "SECOND CALL PASSED" not in out, out
+        assert "allreduce(sum) #2 of 8 float32 in 1 tensor" in out, out
+        assert "allreduce(sum) #2 of 2 float64 in 1 tensor" in out, out
+        seconds = float(out.split("CollectiveMismatchError after ")[1].split(" s")[0])
+        assert seconds < 1.0, out
+    assert "rank 0 called allreduce(sum) #2 of 8 float32" in outs[0]
+    assert "rank 1 called allreduce(sum) #2 of 2 float64" in outs[1]
+
+
+def test_call_records_name_the_call():
+    rec = comm_lib._RECORD.pack(3, comm_lib.BROADCAST, 2, 10, 2, 0, b"int32")
+    assert comm_lib.describe_call(rec) == "broadcast #3 from rank 2 of 10 int32 in 2 tensors"
+    rec = comm_lib._RECORD.pack(7, comm_lib.BARRIER, 0, 0, 0, 0, b"")
+    assert comm_lib.describe_call(rec) == "barrier #7"
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_random_collectives_match_numpy_bitwise(tmp_path, size):
+    procs = _start("stress", size, tmp_path)
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * size, outs
+    for out in outs:
+        assert f"checked {STRESS_CALLS[size]} collectives" in out, out

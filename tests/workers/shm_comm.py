@@ -9,6 +9,11 @@ Scenarios:
         barrier and print the error they get.
     alone: only rank 0 is started (short timeout); prints the error.
     barrier: one barrier.
+    mismatch: rank 0 all-reduces 8 float32 while rank 1 all-reduces 2 float64;
+        each rank prints the error it gets and how long after the call.
+    stress: thousands of random collectives (ops, dtypes, sizes, tensor counts
+        drawn from one seed shared by all ranks), each result checked bitwise
+        against numpy; prints the count checked.
 """
 
 import os
@@ -17,8 +22,11 @@ import time
 
 import numpy as np
 
-from tfdist.errors import PeerLostError
+from tfdist.errors import CollectiveMismatchError, PeerLostError
 from tfdist.shm.comm import Communicator
+
+STRESS_CALLS = {2: 1500, 3: 500}  # 3 ranks share 2 cores on the test machine
+STRESS_DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8]
 
 
 def inputs(rank):
@@ -34,12 +42,76 @@ def inputs(rank):
     }
 
 
+def stress_call(i, size):
+    """The i-th random collective: (op, root, per-rank input lists); the same on every rank.
+
+    Floats are small multiples of 1/4, so sums are exact in any order and
+    the engine must match numpy bit for bit.
+    """
+    rng = np.random.default_rng([1234, i])
+    op = ["sum", "mean", "broadcast"][rng.integers(3)]
+    root = int(rng.integers(size))
+    big = rng.random() < 0.1
+    specs = []
+    for _ in range(int(rng.integers(1, 5))):
+        dtype = STRESS_DTYPES[rng.integers(len(STRESS_DTYPES))]
+        count = int(rng.integers(0, 3000 if big else 70))
+        shape = (count,) if rng.random() < 0.5 or count == 0 else (1, count)
+        specs.append((dtype, shape))
+    per_rank = []
+    for r in range(size):
+        data = np.random.default_rng([99, i, r])
+        xs = []
+        for dtype, shape in specs:
+            if np.dtype(dtype).kind == "f":
+                xs.append((data.integers(-16, 17, shape) / 4).astype(dtype))
+            elif dtype is np.uint8:
+                xs.append(data.integers(0, 256 // size, shape).astype(dtype))
+            else:
+                xs.append(data.integers(-1000, 1000, shape).astype(dtype))
+        per_rank.append(xs)
+    return op, root, per_rank
+
+
+def stress_expected(op, root, per_rank, size):
+    """What numpy says each collective returns."""
+    if op == "broadcast":
+        return per_rank[root]
+    out = []
+    for parts in zip(*per_rank):
+        total = parts[0].copy()
+        for p in parts[1:]:
+            total = total + p
+        total = total.astype(parts[0].dtype)
+        if op == "mean":
+            total = (total * np.asarray(1.0 / size, total.dtype) if total.dtype.kind == "f"
+                     else total // size)
+        out.append(total)
+    return out
+
+
+def run_stress(comm, rank, size, calls):
+    for i in range(calls):
+        op, root, per_rank = stress_call(i, size)
+        mine = per_rank[rank]
+        if op == "broadcast":
+            got = comm.broadcast(mine, root=root)
+        else:
+            got = comm.allreduce(mine, average=op == "mean")
+        want = stress_expected(op, root, per_rank, size)
+        for k, (g, w) in enumerate(zip(got, want)):
+            if g.dtype != w.dtype or g.shape != w.shape or g.tobytes() != w.tobytes():
+                raise AssertionError(f"call {i} ({op}) tensor {k}: got {g!r}, want {w!r}")
+    return calls
+
+
 def main():
     scenario, rank, size, port, out = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
     timeout = 2.0 if scenario == "alone" else 60.0
     try:
         # A 4 KiB chunk forces multi-block reductions on modest arrays.
-        comm = Communicator(rank, size, ("127.0.0.1", port), chunk_bytes=4096,
+        comm = Communicator(rank, size, ("127.0.0.1", port),
+                            chunk_bytes=1024 if scenario == "stress" else 4096,
                             timeout_s=timeout)
         if scenario == "collectives":
             x = inputs(rank)
@@ -55,6 +127,27 @@ def main():
             np.savez(os.path.join(out, f"rank{rank}.npz"), **result)
         elif scenario == "barrier":
             comm.barrier()
+        elif scenario == "mismatch":
+            comm.barrier()
+            x = np.ones(8, np.float32) if rank == 0 else np.ones(2, np.float64)
+            start = time.monotonic()
+            try:
+                got = comm.allreduce([x])
+                print(f"NO ERROR: got {got}", flush=True)
+                return 0
+            except CollectiveMismatchError as e:
+                print(f"CollectiveMismatchError after {time.monotonic() - start:.3f} s: {e}",
+                      flush=True)
+            try:  # the communicator stays refused, even for a matching call
+                comm.barrier()
+                print("SECOND CALL PASSED", flush=True)
+            except CollectiveMismatchError:
+                pass
+            return 5
+        elif scenario == "stress":
+            start = time.monotonic()
+            n = run_stress(comm, rank, size, STRESS_CALLS[size])
+            print(f"checked {n} collectives in {time.monotonic() - start:.1f} s", flush=True)
         elif scenario == "die":
             if rank == 1:
                 os._exit(0)

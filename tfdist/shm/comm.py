@@ -10,7 +10,7 @@ reduce-scatter + all-gather can move, with no engine thread at all.
 
 Layout of the segment (all offsets 64-byte aligned)::
 
-    flags   n x 64 B        rank r's barrier counter lives at r * 64
+    flags   n x 256 B       rank r's barrier counter and call records at r * 256
     mailbox n x n x C       mailbox[q][r]: rank r's part of block chunk q
     result  n x C           result[q]: the reduced chunk q
 
@@ -21,7 +21,18 @@ Synchronisation is a counter per rank in the segment, written only by its
 rank: a barrier sets one's own counter and waits for every other counter to
 reach it. On x86-64 stores are seen in program order (total store order),
 so a counter written after the data it guards publishes that data; other
-architectures are refused (`check_platform`). A TCP connection per rank to
+architectures are refused (`check_platform`).
+
+Collectives are matched by order only, so each rank also writes a record of
+the call (its number, op, root, dtype, element and tensor counts, a hash of
+the shapes) beside its counter at every barrier, and checks every peer's
+record once it has seen the peer's counter: ranks that disagree all raise
+`CollectiveMismatchError` naming both calls at the first barrier of the call,
+before any data is returned. Records alternate between two slots by barrier
+parity: a peer can be at most one barrier ahead (it cannot pass the next one
+without us), so the slot we read is not rewritten under us.
+
+A TCP connection per rank to
 rank 0 carries the rendezvous (the segment's name) and tells a waiting rank
 when a peer died, so a dead peer is an error, not a hang.
 """
@@ -35,13 +46,21 @@ import socket
 import struct
 import time
 import uuid
+import zlib
 from multiprocessing import shared_memory
 
 import numpy as np
 
-from tfdist.errors import ClusterError, PeerLostError
+from tfdist.errors import ClusterError, CollectiveMismatchError, PeerLostError
 
 _ALIGN = 64
+# Per rank: the barrier counter (int64 at 0), then two call records (parity slots).
+_LINE = 256
+_RECORD = struct.Struct("<qqqqqq16s")  # call, op, root, count, tensors, shapes hash, dtype
+_SLOTS = (8, 8 + _RECORD.size)
+BARRIER, SUM, MEAN, BROADCAST = range(4)
+_OP_NAMES = {BARRIER: "barrier", SUM: "allreduce(sum)", MEAN: "allreduce(mean)",
+             BROADCAST: "broadcast"}
 _MAGIC = b"TFDSHM1"
 # Spin this many polls before sleeping between polls: a peer that is about to
 # arrive costs no syscall, one that is still computing costs little CPU.
@@ -121,20 +140,25 @@ class Communicator:
         self.rank, self.size, self.address = rank, size, tuple(address)
         self.chunk_bytes = segment_chunk_bytes(int(chunk_bytes), size, SEGMENT_BUDGET_BYTES)
         self.timeout_s = timeout_s
-        self._seq = 0
+        self._seq = 0     # barriers passed
+        self._calls = 0   # collectives begun
+        self._record = b""
+        self._shapes: list = []
+        self._failed: CollectiveMismatchError | None = None
         self._peers: dict[int, socket.socket] = {}   # rank 0: rank -> socket
         self._root: socket.socket | None = None      # others: socket to rank 0
         self._listener: socket.socket | None = None
         self._shm: shared_memory.SharedMemory | None = None
         n, c = size, self.chunk_bytes
         self._flags_off = 0
-        self._mail_off = _align(n * _ALIGN)
+        self._mail_off = _align(n * _LINE)
         self._result_off = self._mail_off + n * n * c
         self.nbytes = self._result_off + n * c
         if size > 1:
             self._rendezvous()
             buf = self._shm.buf
-            self._flags = np.ndarray((n, _ALIGN // 8), np.int64, buf, self._flags_off)
+            self._lines = np.ndarray((n, _LINE), np.uint8, buf, self._flags_off)
+            self._flags = np.ndarray((n, _LINE // 8), np.int64, buf, self._flags_off)
             self._mail = np.ndarray((n, n, c), np.uint8, buf, self._mail_off)
             self._result = np.ndarray((n, c), np.uint8, buf, self._result_off)
         self._last_liveness = time.monotonic()
@@ -243,9 +267,28 @@ class Communicator:
         """Returns when every rank has called it."""
         if self.size == 1:
             return
+        self._begin(BARRIER, 0, None, [])
+        self._sync()
+
+    def _begin(self, op: int, root: int, dtype, shapes: list) -> None:
+        """Starts a collective: the record every barrier of it publishes and checks."""
+        if self._failed is not None:
+            raise self._failed  # a mismatch leaves the ranks out of step for good
+        self._calls += 1
+        count = sum(int(np.prod(s)) for s in shapes)
+        name = b"" if dtype is None else np.dtype(dtype).name.encode()[:16]
+        shapes_hash = zlib.crc32(repr([tuple(s) for s in shapes]).encode())
+        self._record = _RECORD.pack(self._calls, op, root, count, len(shapes), shapes_hash, name)
+        self._shapes = shapes
+
+    def _sync(self) -> None:
+        """A barrier that publishes this rank's call record and checks every peer's."""
         self._seq += 1
-        seq, flags = self._seq, self._flags
-        flags[self.rank, 0] = seq
+        seq, flags, lines = self._seq, self._flags, self._lines
+        slot = _SLOTS[seq & 1]
+        record = self._record
+        lines[self.rank, slot:slot + _RECORD.size] = np.frombuffer(record, np.uint8)
+        flags[self.rank, 0] = seq  # after the record and the data: publishes both (TSO)
         spins, start = 0, None
         for q in range(self.size):
             while flags[q, 0] < seq:
@@ -259,6 +302,13 @@ class Communicator:
                                             f"barrier {seq} within {self.timeout_s:.0f} s.",
                                             peer=f"rank {q}")
                     self._check_liveness(seq)
+        for q in range(self.size):
+            if q != self.rank:
+                theirs = lines[q, slot:slot + _RECORD.size].tobytes()
+                if theirs != record:
+                    self._failed = CollectiveMismatchError(_mismatch(
+                        self.rank, record, self._shapes, q, theirs))
+                    raise self._failed
 
     # -- collectives --------------------------------------------------------------------
     def allreduce(self, arrays, average: bool = False, out=None):
@@ -283,6 +333,7 @@ class Communicator:
             if self.size == 1:
                 np.copyto(o, a)
             else:
+                self._begin(MEAN if average else SUM, 0, a.dtype, [a.shape])
                 self._allreduce_one(a.reshape(-1), o.reshape(-1), average)
             outs.append(o)
         return outs
@@ -291,12 +342,14 @@ class Communicator:
         n, r, dt = self.size, self.rank, x.dtype
         mail, result = self._mail, self._result
         scale = np.asarray(1.0 / n, dtype=dt) if dt.kind == "f" else None
+        if x.size == 0:
+            self._sync()  # nothing to move, but the call is still checked
         for _, chunks in chunk_bounds(x.nbytes, dt.itemsize, n, self.chunk_bytes):
             # 1. hand each peer q my part of its chunk q.
             for q, (lo, hi) in enumerate(chunks):
                 if q != r and hi > lo:
                     mail[q, r, :(hi - lo) * dt.itemsize].view(dt)[:] = x[lo:hi]
-            self.barrier()
+            self._sync()
             # 2. reduce my chunk: mine + every peer's, straight into my output.
             lo, hi = chunks[r]
             if hi > lo:
@@ -313,7 +366,7 @@ class Communicator:
                     else:
                         np.floor_divide(mine, n, out=mine)
                 result[r, :k * dt.itemsize].view(dt)[:] = mine
-            self.barrier()
+            self._sync()
             # 3. read every peer's reduced chunk.
             for q, (lo, hi) in enumerate(chunks):
                 if q != r and hi > lo:
@@ -328,6 +381,7 @@ class Communicator:
             a = _contiguous(a)
             out = a.copy()
             if self.size > 1:
+                self._begin(BROADCAST, root, a.dtype, [a.shape])
                 flat, dst = a.reshape(-1), out.reshape(-1)
                 region = self._mail.reshape(-1)
                 step = max(1, region.nbytes // a.itemsize)
@@ -336,10 +390,10 @@ class Communicator:
                     view = region[:(hi - lo) * a.itemsize].view(a.dtype)
                     if self.rank == root:
                         view[:] = flat[lo:hi]
-                    self.barrier()
+                    self._sync()
                     if self.rank != root:
                         dst[lo:hi] = view
-                    self.barrier()
+                    self._sync()
             outs.append(out)
         return outs
 
@@ -353,7 +407,7 @@ class Communicator:
                     pass
         self._peers, self._root, self._listener = {}, None, None
         if self._shm is not None:
-            self._flags = self._mail = self._result = None
+            self._flags = self._lines = self._mail = self._result = None
             try:
                 self._shm.close()
             except BufferError:
@@ -365,6 +419,29 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def describe_call(record: bytes) -> str:
+    """Pure function: a call record as text, e.g. 'allreduce(sum) #3 of 8 float32 in 1 tensor'."""
+    call, op, root, count, tensors, _, dtype = _RECORD.unpack(record)
+    text = f"{_OP_NAMES.get(op, f'op {op}')} #{call}"
+    if op == BROADCAST:
+        text += f" from rank {root}"
+    if op != BARRIER:
+        text += (f" of {count} {dtype.rstrip(bytes(1)).decode(errors='replace')} in {tensors} "
+                 f"tensor{'s' if tensors != 1 else ''}")
+    return text
+
+
+def _mismatch(rank: int, mine: bytes, shapes: list, peer: int, theirs: bytes) -> str:
+    a, b = describe_call(mine), describe_call(theirs)
+    if a == b:  # only the shapes differ
+        a += f" shaped {[tuple(s) for s in shapes]}"
+        b += " with other shapes"
+    return (f"shared-memory engine: collective mismatch: rank {rank} called {a} but rank "
+            f"{peer} called {b}.\nHINT: every rank must make the same collective calls in "
+            "the same order, with the same ops, dtypes and shapes (a rank-dependent branch "
+            "around an all-reduce or broadcast does this).")
 
 
 def disjoint(arrays) -> bool:
