@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -77,13 +78,16 @@ def _start(scenario, size, out, ranks=None):
             for r in (ranks if ranks is not None else range(size))]
 
 
-def _segments():
-    return set(glob.glob("/dev/shm/tfdist_*"))
+def _segments(procs=None):
+    # Segments are named after rank 0's pid: only ours count (other tests may run beside).
+    found = set(glob.glob("/dev/shm/tfdist_*"))
+    if procs is not None:
+        found = {f for f in found if int(f.split("_")[1]) in {p.pid for p in procs}}
+    return found
 
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_collectives_match_numpy(tmp_path, size):
-    before = _segments()
     procs = _start("collectives", size, tmp_path)
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * size, outs
@@ -105,7 +109,7 @@ def test_collectives_match_numpy(tmp_path, size):
             # Each chunk is reduced once and shared: every rank gets the same bits.
             np.testing.assert_array_equal(got[f"sum_{k}"], first[f"sum_{k}"])
     # rank 0 unlinks the segment's name once everyone attached: nothing left behind.
-    assert _segments() - before == set()
+    assert _segments(procs) == set()
 
 
 def test_dead_peer_is_an_error_not_a_hang(tmp_path):
@@ -116,12 +120,11 @@ def test_dead_peer_is_an_error_not_a_hang(tmp_path):
 
 
 def test_missing_peer_times_out_naming_it(tmp_path):
-    before = _segments()
     (proc,) = _start("alone", 2, tmp_path, ranks=[0])
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 4, out
     assert "ranks [1] did not connect" in out
-    assert _segments() == before and "leaked shared_memory" not in out
+    assert _segments([proc]) == set() and "leaked shared_memory" not in out
 
 
 def test_stray_connection_to_the_rendezvous_is_ignored(tmp_path):
@@ -193,3 +196,33 @@ def test_random_collectives_match_numpy_bitwise(tmp_path, size):
     assert [p.returncode for p in procs] == [0] * size, outs
     for out in outs:
         assert f"checked {STRESS_CALLS[size]} collectives" in out, out
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+def test_waiting_for_a_stopped_peer_sleeps(tmp_path):
+    # Before the semaphores a rank polled, then slept 20 us at a time: 0.32-0.37 s of
+    # CPU for this 2 s wait. Now it sleeps in the kernel, waking 20 times a second.
+    import signal
+    import time
+
+    procs = _start("stopped", 2, tmp_path)
+    try:
+        for _ in range(600):
+            if _state(procs[1].pid) == "T":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("rank 1 never stopped itself")
+        time.sleep(2.0)
+    finally:
+        procs[1].send_signal(signal.SIGCONT)
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    wall, cpu = (float(w) for w in re.findall(r"waited ([\d.]+) s wall, ([\d.]+) s CPU",
+                                              outs[0])[0])
+    assert wall >= 1.9, outs[0]  # it really waited for the stopped peer
+    assert cpu < 0.1, outs[0]

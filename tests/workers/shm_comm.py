@@ -11,12 +11,16 @@ Scenarios:
     barrier: one barrier.
     mismatch: rank 0 all-reduces 8 float32 while rank 1 all-reduces 2 float64;
         each rank prints the error it gets and how long after the call.
+    stopped: rank 1 stops itself (SIGSTOP) between two barriers; rank 0 prints
+        the wall and CPU seconds its second barrier took (the test sends SIGCONT).
     stress: thousands of random collectives (ops, dtypes, sizes, tensor counts
         drawn from one seed shared by all ranks), each result checked bitwise
         against numpy; prints the count checked.
 """
 
 import os
+import resource
+import signal
 import sys
 import time
 
@@ -51,7 +55,7 @@ def stress_call(i, size):
     rng = np.random.default_rng([1234, i])
     op = ["sum", "mean", "broadcast"][rng.integers(3)]
     root = int(rng.integers(size))
-    big = rng.random() < 0.1
+    big = rng.random() < 0.05
     specs = []
     for _ in range(int(rng.integers(1, 5))):
         dtype = STRESS_DTYPES[rng.integers(len(STRESS_DTYPES))]
@@ -111,7 +115,7 @@ def main():
     try:
         # A 4 KiB chunk forces multi-block reductions on modest arrays.
         comm = Communicator(rank, size, ("127.0.0.1", port),
-                            chunk_bytes=1024 if scenario == "stress" else 4096,
+                            chunk_bytes=4096,
                             timeout_s=timeout)
         if scenario == "collectives":
             x = inputs(rank)
@@ -127,6 +131,18 @@ def main():
             np.savez(os.path.join(out, f"rank{rank}.npz"), **result)
         elif scenario == "barrier":
             comm.barrier()
+        elif scenario == "stopped":
+            comm.barrier()
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGSTOP)
+                comm.barrier()
+            else:
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                cpu, wall = usage.ru_utime + usage.ru_stime, time.monotonic()
+                comm.barrier()
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                print(f"waited {time.monotonic() - wall:.3f} s wall, "
+                      f"{usage.ru_utime + usage.ru_stime - cpu:.3f} s CPU", flush=True)
         elif scenario == "mismatch":
             comm.barrier()
             x = np.ones(8, np.float32) if rank == 0 else np.ones(2, np.float64)

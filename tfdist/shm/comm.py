@@ -11,17 +11,22 @@ reduce-scatter + all-gather can move, with no engine thread at all.
 Layout of the segment (all offsets 64-byte aligned)::
 
     flags   n x 256 B       rank r's barrier counter and call records at r * 256
+    sems    n x n x 64 B    sems[q][r]: rank r's arrivals at rank q's barriers
     mailbox n x n x C       mailbox[q][r]: rank r's part of block chunk q
     result  n x C           result[q]: the reduced chunk q
 
 A tensor is processed in blocks of up to `n * C` bytes, so the working set
 stays in cache; each block is split into n chunks, chunk q owned by rank q.
 
-Synchronisation is a counter per rank in the segment, written only by its
-rank: a barrier sets one's own counter and waits for every other counter to
-reach it. On x86-64 stores are seen in program order (total store order),
-so a counter written after the data it guards publishes that data; other
-architectures are refused (`check_platform`).
+Synchronisation: at a barrier a rank writes its counter, posts one
+process-shared POSIX semaphore per peer (sems[q][r]) and takes one from each
+of its own (sems[r][q]), polling a little (a peer about to arrive costs no
+system call) and then sleeping in the kernel (a slow peer costs no CPU; see
+`tfdist.shm.semaphores`). Post and wait synchronise memory (POSIX), so
+everything a rank wrote before its post, data and call record, is what its
+peers read after their wait, on any architecture and whatever instructions
+numpy's copies use. Each pair's semaphore holds at most 2: a peer can post
+for the next barrier but not the one after, which needs our post.
 
 Collectives are matched by order only, so each rank also writes a record of
 the call (its number, op, root, dtype, element and tensor counts, a hash of
@@ -39,6 +44,7 @@ when a peer died, so a dead peer is an error, not a hang.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import select
@@ -52,6 +58,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from tfdist.errors import ClusterError, CollectiveMismatchError, PeerLostError
+from tfdist.shm import semaphores
 
 _ALIGN = 64
 # Per rank: the barrier counter (int64 at 0), then two call records (parity slots).
@@ -62,10 +69,9 @@ BARRIER, SUM, MEAN, BROADCAST = range(4)
 _OP_NAMES = {BARRIER: "barrier", SUM: "allreduce(sum)", MEAN: "allreduce(mean)",
              BROADCAST: "broadcast"}
 _MAGIC = b"TFDSHM1"
-# Spin this many polls before sleeping between polls: a peer that is about to
-# arrive costs no syscall, one that is still computing costs little CPU.
-_SPINS = 2000
-_SLEEP_S = 20e-6
+# Poll a peer's semaphore this many times (~0.2-0.5 us each) before sleeping on it:
+# a peer that is about to arrive costs no system call and no wake-up latency.
+_SPINS = 200
 _LIVENESS_EVERY_S = 0.05
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Docker gives a container 64 MB of /dev/shm by default: stay well inside it by
@@ -75,12 +81,12 @@ SHM_DIR = "/dev/shm"
 
 
 def check_platform() -> None:
-    """Raises ClusterError where the shared-memory barrier is not safe (non-x86-64)."""
-    machine = platform.machine().lower()
-    if machine not in ("x86_64", "amd64"):
+    """Raises ClusterError where the C library has no process-shared POSIX semaphores."""
+    if not semaphores.available():
         raise ClusterError(
-            f"The shared-memory engine relies on x86-64 store ordering; this machine is "
-            f"{machine!r}.\nHINT: use --strategy multi_worker or horovod here.")
+            f"The shared-memory engine needs process-shared POSIX semaphores from the C "
+            f"library, which this {platform.system()} machine does not offer through ctypes."
+            "\nHINT: use --strategy multi_worker or horovod here.")
 
 
 def _align(n: int) -> int:
@@ -151,7 +157,8 @@ class Communicator:
         self._shm: shared_memory.SharedMemory | None = None
         n, c = size, self.chunk_bytes
         self._flags_off = 0
-        self._mail_off = _align(n * _LINE)
+        self._sem_off = _align(n * _LINE)
+        self._mail_off = self._sem_off + n * n * semaphores.SEM_BYTES
         self._result_off = self._mail_off + n * n * c
         self.nbytes = self._result_off + n * c
         if size > 1:
@@ -161,6 +168,12 @@ class Communicator:
             self._flags = np.ndarray((n, _LINE // 8), np.int64, buf, self._flags_off)
             self._mail = np.ndarray((n, n, c), np.uint8, buf, self._mail_off)
             self._result = np.ndarray((n, c), np.uint8, buf, self._result_off)
+            sem = self._lines.ctypes.data + self._sem_off
+            size_of = semaphores.SEM_BYTES
+            self._post_to = {q: ctypes.c_void_p(sem + (q * n + rank) * size_of)
+                             for q in range(n) if q != rank}
+            self._recv_from = {q: ctypes.c_void_p(sem + (rank * n + q) * size_of)
+                               for q in range(n) if q != rank}
         self._last_liveness = time.monotonic()
 
     # -- rendezvous -----------------------------------------------------------------
@@ -182,6 +195,10 @@ class Communicator:
             name = f"tfdist_{os.getpid()}_{uuid.uuid4().hex[:12]}"
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.nbytes)
             self._shm.buf[:self._mail_off] = bytes(self._mail_off)
+            header = np.ndarray((self._mail_off,), np.uint8, self._shm.buf)
+            for i in range(self.size * self.size):  # before any peer can see the name
+                semaphores.init(header.ctypes.data + self._sem_off + i * semaphores.SEM_BYTES)
+            del header
             try:
                 self._listener = socket.create_server(self.address, reuse_port=False)
             except OSError as e:
@@ -281,6 +298,19 @@ class Communicator:
         self._record = _RECORD.pack(self._calls, op, root, count, len(shapes), shapes_hash, name)
         self._shapes = shapes
 
+    def _wait(self, q: int, sem, seq: int) -> None:
+        """Takes rank q's post for barrier `seq`: polls, then sleeps in the kernel."""
+        for _ in range(_SPINS):
+            if semaphores.try_wait(sem):
+                return
+        start = time.monotonic()
+        while not semaphores.wait(sem, _LIVENESS_EVERY_S):
+            if time.monotonic() - start > self.timeout_s:
+                raise PeerLostError(f"shared-memory engine: rank {q} did not reach "
+                                    f"barrier {seq} within {self.timeout_s:.0f} s.",
+                                    peer=f"rank {q}")
+            self._check_liveness(seq)
+
     def _sync(self) -> None:
         """A barrier that publishes this rank's call record and checks every peer's."""
         self._seq += 1
@@ -288,20 +318,11 @@ class Communicator:
         slot = _SLOTS[seq & 1]
         record = self._record
         lines[self.rank, slot:slot + _RECORD.size] = np.frombuffer(record, np.uint8)
-        flags[self.rank, 0] = seq  # after the record and the data: publishes both (TSO)
-        spins, start = 0, None
-        for q in range(self.size):
-            while flags[q, 0] < seq:
-                spins += 1
-                if spins > _SPINS:
-                    time.sleep(_SLEEP_S)
-                    if start is None:
-                        start = time.monotonic()
-                    elif time.monotonic() - start > self.timeout_s:
-                        raise PeerLostError(f"shared-memory engine: rank {q} did not reach "
-                                            f"barrier {seq} within {self.timeout_s:.0f} s.",
-                                            peer=f"rank {q}")
-                    self._check_liveness(seq)
+        flags[self.rank, 0] = seq  # read by _check_liveness only
+        for sem in self._post_to.values():
+            semaphores.post(sem)  # releases the data and record written above
+        for q, sem in self._recv_from.items():
+            self._wait(q, sem, seq)
         for q in range(self.size):
             if q != self.rank:
                 theirs = lines[q, slot:slot + _RECORD.size].tobytes()
