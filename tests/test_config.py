@@ -49,3 +49,13 @@ def test_merge_recipe_over_framework():
     assert cfg["strategy"] == "auto"
     with pytest.raises(ConfigError, match=r"recipe r sets epochs='2' \(str\)"):
         config.merge({"epochs": "2"}, [], "recipe r")
+
+
+def test_keras_verbosity_auto_follows_the_terminal():
+    from tfdist.config import keras_verbosity
+
+    assert keras_verbosity("auto", interactive=True) == 1
+    assert keras_verbosity("auto", interactive=False) == 2
+    assert keras_verbosity("0", interactive=True) == 0 and keras_verbosity(2, False) == 2
+    with pytest.raises(ConfigError, match=r"--verbose must be one of .* Received: 'loud'"):
+        keras_verbosity("loud", interactive=False)

@@ -80,3 +80,25 @@ def test_restarts_run_out_and_config_errors_are_not_retried():
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--max-restarts", "2", "--", sys.executable,
                    "-c", "import sys; sys.exit(2)"], timeout=60)
     assert proc.returncode == 2 and "restarting" not in proc.stderr
+
+
+def test_log_dir_writes_one_unprefixed_file_per_worker(tmp_path):
+    code = ("import os, json, sys; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            "print('out', i); print('err', i, file=sys.stderr)")
+    log_dir = tmp_path / "logs"
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--log-dir", str(log_dir), "--",
+                   sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "[worker 1] out 1" in proc.stdout and "[worker 1] err 1" in proc.stderr
+    assert sorted(p.name for p in log_dir.iterdir()) == ["worker-0.log", "worker-1.log"]
+    for i in range(2):
+        assert sorted((log_dir / f"worker-{i}.log").read_text().splitlines()) == [
+            f"err {i}", f"out {i}"]
+
+
+def test_help_documents_n_and_the_command_separator():
+    proc = run_py(["-m", "tfdist.launch", "--help"], timeout=30)
+    text = " ".join(proc.stdout.split())  # argparse wraps to the terminal width
+    assert proc.returncode == 0
+    assert "synchronous workers to start" in text
+    assert "Everything after '--' is COMMAND" in text and "--log-dir" in text

@@ -40,7 +40,10 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "inter_op_threads": 0,
     "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
     "steps_per_epoch": 0,        # 0: one pass over the data
-    "verbose": 1,                # Keras progress (chief only): 0, 1 or 2
+    # Keras progress (chief only): 0 none, 1 bars, 2 one line per epoch; auto: bars on
+    # a terminal, epoch lines in a pipe or file (launcher, Slurm), where bars are escape codes.
+    "verbose": "auto",
+    "tf_logs": False,            # show TensorFlow's C++ start-up lines (or TFDIST_TF_LOGS=1)
     "resume": True,              # resume from MODEL_DIR/backup if it holds a backup
     "keep": 3,                   # backups kept in MODEL_DIR/backup
     "save_every_steps": 0,       # also back up mid-epoch every N steps (0: epoch ends only)
@@ -166,3 +169,26 @@ def usage(defaults: dict[str, Any]) -> str:
     for key in sorted(defaults):
         lines.append(f"  --{key.replace('_', '-'):24s} {defaults[key]!r}")
     return "\n".join(lines)
+
+
+VERBOSE_CHOICES = ("auto", "0", "1", "2")
+
+
+def keras_verbosity(setting, interactive: bool) -> int:
+    """Pure function: Keras `fit`'s verbose for the --verbose setting.
+
+    Args:
+        setting: "auto", or 0, 1, 2 (as int or str).
+        interactive: Whether stdout is a terminal (see `tfdist.cluster.detect_console`).
+
+    Raises:
+        ConfigError: for any other setting.
+    """
+    value = str(setting).strip().lower()
+    if value not in VERBOSE_CHOICES:
+        raise ConfigError(f"--verbose must be one of {list(VERBOSE_CHOICES)} (auto: progress "
+                          f"bars on a terminal, one line per epoch otherwise). Received: "
+                          f"{setting!r}.")
+    if value == "auto":
+        return 1 if interactive else 2
+    return int(value)

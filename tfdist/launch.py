@@ -89,10 +89,19 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _pump(stream, prefix: str, out) -> None:
+def log_file_name(label: str) -> str:
+    """Pure function: 'worker-0.log' for the task labelled 'worker 0'."""
+    return label.replace(" ", "-") + ".log"
+
+
+def _pump(stream, prefix: str, out, log=None, lock=None) -> None:
     for line in iter(stream.readline, b""):
         out.buffer.write(prefix.encode() + line)
         out.flush()
+        if log is not None:
+            with lock:  # stdout and stderr of one task share its file
+                log.write(line)
+                log.flush()
     stream.close()
 
 
@@ -113,19 +122,26 @@ class _TaskGroup:
     """Processes of one launch: spawned with their TF_CONFIGs, output prefixed,
     SIGINT/SIGTERM forwarded; on exit all are stopped and the handlers restored."""
 
-    def __init__(self, command: list[str], tasks: list[tuple[str, dict]], env: dict | None):
+    def __init__(self, command: list[str], tasks: list[tuple[str, dict]], env: dict | None,
+                 log_dir: str | None = None, append: bool = False):
         base_env = dict(os.environ if env is None else env)
         base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         base_env.setdefault("PYTHONUNBUFFERED", "1")
         self.labels = [label for label, _ in tasks]
-        self.procs, self._pumps = [], []
+        self.procs, self._pumps, self._logs = [], [], []
         for label, cfg in tasks:
+            log = lock = None
+            if log_dir:  # unprefixed, one file per task, besides the prefixed console
+                log = open(os.path.join(log_dir, log_file_name(label)), "ab" if append else "wb")
+                lock = threading.Lock()
+                self._logs.append(log)
             p = subprocess.Popen(command, env={**base_env, "TF_CONFIG": json.dumps(cfg)},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL)
             self.procs.append(p)
             for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-                t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out), daemon=True)
+                t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out, log, lock),
+                                     daemon=True)
                 t.start()
                 self._pumps.append(t)
 
@@ -142,6 +158,8 @@ class _TaskGroup:
         _stop(self.procs)
         for t in self._pumps:
             t.join(timeout=5)
+        for log in self._logs:
+            log.close()
         for s, handler in self._old.items():
             signal.signal(s, handler)
         return False
@@ -152,7 +170,7 @@ NO_RESTART = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PREEMPTED)
 
 
 def run(num_workers: int, command: list[str], timeout_s: float | None = None,
-        env: dict | None = None, max_restarts: int = 0) -> int:
+        env: dict | None = None, max_restarts: int = 0, log_dir: str | None = None) -> int:
     """Runs `command` as `num_workers` local workers and supervises them.
 
     When a worker fails, the others are stopped; with restarts left, all
@@ -167,7 +185,8 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     attempt = 0
     while True:
-        status, failed_code = _run_once(num_workers, command, deadline, timeout_s, env)
+        status, failed_code = _run_once(num_workers, command, deadline, timeout_s, env,
+                                        log_dir, append=attempt > 0)
         if status in (0, 124) or failed_code in NO_RESTART or attempt >= max_restarts:
             return status
         attempt += 1
@@ -176,12 +195,12 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
               file=sys.stderr, flush=True)
 
 
-def _run_once(num_workers, command, deadline, timeout_s, env):
+def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, append=False):
     """One launch of all workers: (status, exit code of the failed worker or None)."""
     tasks = [(f"worker {i}", cfg)
              for i, cfg in enumerate(worker_tf_configs(free_ports(num_workers)))]
     status, message, failed_code = 0, None, None
-    with _TaskGroup(command, tasks, env) as group:
+    with _TaskGroup(command, tasks, env, log_dir, append) as group:
         procs = group.procs
         while True:
             codes = [p.poll() for p in procs]
@@ -212,7 +231,7 @@ PS_GRACE_S = 30.0  # after a ps dies, time the chief gets to report it before be
 
 
 def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float | None = None,
-           env: dict | None = None) -> int:
+           env: dict | None = None, log_dir: str | None = None) -> int:
     """Runs `command` as a local parameter-server cluster and supervises it.
 
     The job is the chief's: it ends when the chief exits, and the servers
@@ -232,7 +251,7 @@ def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float |
 
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     reported, ps_deadline, status = set(), None, 0
-    with _TaskGroup(command, tasks, env) as group:
+    with _TaskGroup(command, tasks, env, log_dir) as group:
         procs, labels = group.procs, group.labels
         while True:
             chief = procs[0].poll()
@@ -283,9 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         own, command = argv, []
     parser = argparse.ArgumentParser(
         prog="python -m tfdist.launch",
-        description="Run N workers of COMMAND on 127.0.0.1, each with its own TF_CONFIG.",
-        usage="python -m tfdist.launch (-n N | --ps N --workers M) [--timeout S] [--max-restarts R] -- COMMAND ...")
-    parser.add_argument("-n", "--num-workers", type=int, default=None)
+        description="Run N workers of COMMAND on 127.0.0.1, each with its own TF_CONFIG. "
+                    "Everything after '--' is COMMAND, run as is by every worker; its output "
+                    "is printed with a [worker I] prefix.",
+        usage="python -m tfdist.launch (-n N | --ps N --workers M) [--timeout S] "
+              "[--max-restarts R] [--log-dir DIR] -- COMMAND ...")
+    parser.add_argument("-n", "--num-workers", type=int, default=None,
+                        help="synchronous workers to start (MWMS, shm)")
     parser.add_argument("--ps", type=int, default=None,
                         help="parameter-server cluster: a chief, --workers M workers and N ps")
     parser.add_argument("--workers", type=int, default=None, help="workers, with --ps")
@@ -293,7 +316,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop all workers after S seconds (exit 124)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="relaunch all workers up to R times after a failure")
+    parser.add_argument("--log-dir", default=None,
+                        help="also write each task's output, unprefixed, to DIR/worker-I.log "
+                             "(chief.log, ps-I.log with --ps)")
     args = parser.parse_args(own)
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
     if args.ps is not None or args.workers is not None:
         if args.num_workers is not None:
             parser.error("use either -n N (synchronous workers) or --ps N --workers M "
@@ -306,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch --ps 1 "
                          "--workers 2 -- python -m tfdist.train digits_mlp "
                          "--strategy parameter_server")
-        return run_ps(args.workers, args.ps, command, args.timeout)
+        return run_ps(args.workers, args.ps, command, args.timeout, log_dir=args.log_dir)
     if args.num_workers is None:
         parser.error("give -n N, or --ps N --workers M.")
     if args.num_workers < 1:
@@ -314,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch -n 2 -- "
                      "python -m tfdist.train digits_mlp --strategy multi_worker")
-    return run(args.num_workers, command, args.timeout, max_restarts=args.max_restarts)
+    return run(args.num_workers, command, args.timeout, max_restarts=args.max_restarts,
+               log_dir=args.log_dir)
 
 
 if __name__ == "__main__":

@@ -54,15 +54,23 @@ class PreemptionWatcher:
         self._old = {}
 
 
-def any_worker(strategy, flag: bool) -> bool:
-    """True on every worker when `flag` is True on at least one of them.
+def make_agreement(strategy):
+    """`agree(flag) -> bool`: True on every worker when `flag` is True on any of them.
 
-    A collective under MultiWorkerMirroredStrategy; a no-op otherwise.
+    A collective under multi-process MultiWorkerMirroredStrategy, compiled
+    once as a tf.function (run eagerly, TensorFlow warns "Using
+    CollectiveAllReduceStrategy eagerly has significant overhead" at every
+    call); the identity otherwise.
     """
     import tensorflow as tf
 
     if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
             and strategy.extended._in_multi_worker_mode()):
-        return flag
-    value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
+        return lambda flag: flag
+
+    @tf.function
+    def total(value):
+        per_replica = strategy.run(tf.identity, args=(value,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return lambda flag: float(total(tf.constant(1.0 if flag else 0.0))) > 0

@@ -22,10 +22,11 @@ import sys
 import time
 
 from tfdist import cluster as cluster_lib
-from tfdist import data, optim, straggler, strategies
+from tfdist import config, data, optim, straggler, strategies
 from tfdist import model_dir as model_dir_lib
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.compat.tf_startup_logs import import_tensorflow
 from tfdist.errors import ConfigError, PeerLostError
 
 
@@ -76,6 +77,7 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         raise ConfigError("--tensorboard needs the tensorboard package, which TensorFlow no "
                           "longer installs: pip install 'tfdist[tensorboard]'.")
     optim.check(cfg)
+    config.keras_verbosity(cfg["verbose"], interactive=False)
     effective = cfg["global_batch_size"] * cfg["accumulate"]
     data.scale_learning_rate(cfg["learning_rate"], effective,
                              cfg["base_batch_size"] or effective, cfg["lr_scaling"])
@@ -192,6 +194,8 @@ def check_free_space(model_dir: str, cluster, model, optimizer) -> None:
 
 
 def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
+    console = cluster_lib.detect_console()
+    import_tensorflow(show_logs=cfg["tf_logs"] or console.tf_logs)
     import keras
     import tensorflow as tf
 
@@ -286,6 +290,7 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
     if cfg["tensorboard"]:
         callbacks += [c for c in [cb.make_tensorboard(os.path.join(model_dir, "logs"),
                                                       cluster.is_chief)] if c]
+    verbose = config.keras_verbosity(cfg["verbose"], console.interactive)
     start = time.perf_counter()
     try:
         while state.epoch < cfg["epochs"] and not backup_cb.preempted:
@@ -295,7 +300,7 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
                       initial_epoch=state.epoch,
                       epochs=state.epoch + 1 if partial else cfg["epochs"],
                       steps_per_epoch=steps_per_epoch - state.step_in_epoch,
-                      verbose=cfg["verbose"] if cluster.is_chief else 0,
+                      verbose=verbose if cluster.is_chief else 0,
                       callbacks=callbacks, shuffle=False)  # shuffling is data.prepare's job
     except tf.errors.OpError as e:
         if not cluster.is_multi_worker:

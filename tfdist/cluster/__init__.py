@@ -9,7 +9,8 @@ Environments are tried in this order, the first that detects itself wins:
 3. ``slurm``: running as a task of a Slurm job step (`srun`).
 4. ``local``: one process on this machine.
 
-Environment variables are read only in the environment classes.
+Environment variables are read only in the environment classes (and
+`console.py`, for how this process's output should look).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 from typing import Mapping
 
 from tfdist.cluster.base import ClusterEnvironment, ClusterInfo
+from tfdist.cluster.console import Console, detect_console
 from tfdist.cluster.horovod import HorovodEnvironment
 from tfdist.cluster.local import LocalEnvironment
 from tfdist.cluster.slurm import SlurmEnvironment
@@ -60,4 +62,5 @@ def detect(environ: Mapping[str, str] | None = None, source: str = "auto") -> Cl
     raise AssertionError("LocalEnvironment always detects")  # pragma: no cover
 
 
-__all__ = ["ClusterInfo", "ClusterEnvironment", "detect", "ENVIRONMENTS"]
+__all__ = ["ClusterInfo", "ClusterEnvironment", "Console", "detect", "detect_console",
+           "ENVIRONMENTS"]

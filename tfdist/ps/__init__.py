@@ -82,6 +82,10 @@ def run(recipe, cfg: dict, cluster):
     check_partitioning(cfg["ps_shards"])
     num_workers = len(cluster.tf_config["cluster"]["worker"])
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
+    from tfdist.cluster import detect_console
+    from tfdist.compat.tf_startup_logs import import_tensorflow
+
+    import_tensorflow(show_logs=cfg["tf_logs"] or detect_console().tf_logs)
     if cluster.task_type in ("worker", "ps"):
         from tfdist.ps import server
 

@@ -71,9 +71,11 @@ class Hooks:
 
     def any_worker(self, strategy, flag: bool) -> bool:
         """True on every process when `flag` is True on any (preemption agreement)."""
-        from tfdist.preemption import any_worker
+        if getattr(self, "_agreement", None) is None:  # one compiled collective per run
+            from tfdist.preemption import make_agreement
 
-        return any_worker(strategy, flag)
+            self._agreement = make_agreement(strategy)
+        return self._agreement(flag)
 
     def compile_kwargs(self) -> dict:
         """Extra `model.compile` arguments the adapter needs (e.g. no XLA)."""

@@ -1,0 +1,53 @@
+"""tensorflow/tensorflow#79029: C++ start-up lines that TF_CPP_MIN_LOG_LEVEL does not hide.
+
+Upstream: a process that imports TensorFlow and lists its devices with
+TF_CPP_MIN_LOG_LEVEL=3 (the strictest level) still prints absl's notice and
+glog-formatted lines on a CPU-only machine. Through
+`tfdist.compat.tf_startup_logs.import_tensorflow` those are gone, while other
+output written to stderr in the same window (a Python warning) is kept.
+"""
+
+import pytest
+
+from tests.conftest import clean_env, run_py, tail
+from tfdist.compat.tf_startup_logs import is_startup_noise
+
+NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+
+@pytest.mark.parametrize("line, noise", [
+    (NOTICE + "\n", True),
+    ("I0000 00:00:1795340758.630534   14386 cudart_stub.cc:31] Could not find cuda drivers\n",
+     True),
+    ("E0000 00:00:1795340795.288708   14386 cuda_platform.cc:52] failed call to cuInit: X\n",
+     True),
+    ("W1122 09:41:02.123456  123 cpu_feature_guard.cc:210] This TensorFlow binary is ...", True),
+    ("F0000 00:00:1795340795.288708   14386 some.cc:52] Check failed: fatal\n", False),
+    ("WARNING:tensorflow:a Python-level warning\n", False),
+    ("Traceback (most recent call last):\n", False),
+    ("tfdist: recipe=digits_mlp\n", False),
+])
+def test_is_startup_noise(line, noise):
+    assert is_startup_noise(line) is noise
+
+
+UPSTREAM = "import tensorflow as tf; tf.config.list_physical_devices()"
+FIXED = ("import sys, warnings\n"
+         "from tfdist.compat.tf_startup_logs import filtered_stderr, import_tensorflow\n"
+         "with filtered_stderr():\n"
+         "    warnings.warn('kept: a Python warning during start-up')\n"
+         "tf = import_tensorflow()\n"
+         "print('devices', len(tf.config.list_physical_devices()))\n")
+
+
+@pytest.mark.integration
+def test_upstream_prints_startup_lines_at_level_3_and_import_tensorflow_hides_them():
+    upstream = run_py(["-c", UPSTREAM], timeout=180, env=clean_env(TF_CPP_MIN_LOG_LEVEL="3"))
+    assert upstream.returncode == 0, tail(upstream)
+    assert any(is_startup_noise(ln) for ln in upstream.stderr.splitlines()), tail(upstream)
+
+    fixed = run_py(["-c", FIXED], timeout=180, env=clean_env(TF_CPP_MIN_LOG_LEVEL="2"))
+    assert fixed.returncode == 0, tail(fixed)
+    assert "devices" in fixed.stdout
+    assert "kept: a Python warning during start-up" in fixed.stderr
+    assert not any(is_startup_noise(ln) for ln in fixed.stderr.splitlines()), fixed.stderr

@@ -1,0 +1,78 @@
+"""tensorflow/tensorflow#79029: TensorFlow's C++ start-up lines ignore TF_CPP_MIN_LOG_LEVEL.
+
+Importing TensorFlow 2.21 on a CPU-only machine prints, per process,
+absl's "WARNING: All log messages before absl::InitializeLog() is called are
+written to STDERR" twice (TensorFlow logs before initialising absl logging;
+the fix, tensorflow/tensorflow#102212, is not in a release), each followed by
+"I0000 ... cudart_stub.cc:31] Could not find cuda drivers", and the first
+device query prints "E0000 ... failed call to cuInit". TF_CPP_MIN_LOG_LEVEL
+hides only the last (at 3, which also hides every later C++ error). Under a
+2-worker launch that is 10 lines before tfdist says anything.
+
+`import_tensorflow` imports TensorFlow and initialises its devices with file
+descriptor 2 sent to a temporary file, then writes back everything except
+glog-formatted INFO/WARNING/ERROR lines and absl's notice: Python warnings,
+tracebacks and fatal (F) lines still reach stderr. Nothing is filtered after
+start-up. tests/compat/test_tf_startup_logs.py shows the upstream output and
+the filtered one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+
+UPSTREAM = "tensorflow/tensorflow#79029"
+
+_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+# glog/absl line: severity, MMDD, time, thread id, file:line] message. F (fatal) is kept.
+_GLOG = re.compile(r"^[IWE]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] ")
+
+
+def is_startup_noise(line: str) -> bool:
+    """Pure function: True for a C++ start-up line that tfdist hides by default."""
+    line = line.rstrip("\r\n")
+    return line == _ABSL_NOTICE or bool(_GLOG.match(line))
+
+
+@contextlib.contextmanager
+def filtered_stderr(enabled: bool = True):
+    """Runs the body with fd 2 captured; replays the lines that are not start-up noise."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", errors="replace")
+            kept = [ln for ln in text.splitlines(keepends=True) if not is_startup_noise(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def import_tensorflow(show_logs: bool = False):
+    """Imports TensorFlow and Keras and initialises devices, quietly unless `show_logs`.
+
+    Returns:
+        The `tensorflow` module.
+    """
+    if "tensorflow" in sys.modules and show_logs:
+        return sys.modules["tensorflow"]
+    with filtered_stderr(not show_logs):
+        import keras  # noqa: F401  (its import pulls TensorFlow's shared libraries in)
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()  # platform initialisation: the cuInit line
+    return tf
