@@ -22,6 +22,7 @@ NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are w
     ("E0000 00:00:1795340795.288708   14386 cuda_platform.cc:52] failed call to cuInit: X\n",
      True),
     ("W1122 09:41:02.123456  123 cpu_feature_guard.cc:210] This TensorFlow binary is ...", True),
+    ("To enable the following instructions: AVX2 FMA, in other operations, rebuild ...", True),
     ("F0000 00:00:1795340795.288708   14386 some.cc:52] Check failed: fatal\n", False),
     ("WARNING:tensorflow:a Python-level warning\n", False),
     ("Traceback (most recent call last):\n", False),

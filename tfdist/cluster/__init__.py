@@ -62,5 +62,25 @@ def detect(environ: Mapping[str, str] | None = None, source: str = "auto") -> Cl
     raise AssertionError("LocalEnvironment always detects")  # pragma: no cover
 
 
+# Variables a bug report should show: they decide where a process thinks it is.
+REPORTED_PREFIXES = ("TF_CONFIG", "TF_CPP_", "TFDIST_", "SLURM_JOB_ID", "SLURM_NTASKS",
+                     "SLURM_PROCID", "SLURM_STEP_NODELIST", "HOROVOD_RANK", "HOROVOD_SIZE",
+                     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+
+
+def reported_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The cluster-related variables that are set, for `python -m tfdist.env`."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ) if k.startswith(REPORTED_PREFIXES)}
+
+
+def horovod_venv(environ: Mapping[str, str] | None = None) -> str:
+    """The Horovod venv path scripts/install_horovod.sh uses (it may not exist)."""
+    from tfdist.cluster.horovod import venv_path
+
+    return venv_path(os.environ if environ is None else environ)
+
+
 __all__ = ["ClusterInfo", "ClusterEnvironment", "Console", "detect", "detect_console",
+           "horovod_venv", "reported_environment",
            "ENVIRONMENTS"]

@@ -59,3 +59,15 @@ class HorovodEnvironment(ClusterEnvironment):
         return ClusterInfo(source="horovod", num_workers=size, worker_index=rank,
                            task_type="worker", task_index=rank, tf_config=None,
                            local_rank=local_rank, hostname=environ.get("HOROVOD_HOSTNAME"))
+
+
+VENV_VAR = "TFDIST_HOROVOD_VENV"
+
+
+def venv_path(environ, home: str | None = None) -> str:
+    """The Horovod venv that scripts/install_horovod.sh makes: $TFDIST_HOROVOD_VENV or
+    ~/.cache/tfdist/horovod-venv (whether or not it exists)."""
+    import os
+
+    home = home or os.path.expanduser("~")
+    return environ.get(VENV_VAR) or os.path.join(home, ".cache", "tfdist", "horovod-venv")

@@ -32,10 +32,15 @@ _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called
 _GLOG = re.compile(r"^[IWE]\d{4} [\d:.]+\s+\d+ [\w./-]+:\d+\] ")
 
 
+# The second line of cpu_feature_guard's two-line INFO message.
+_CONTINUATION = "To enable the following instructions: "
+
+
 def is_startup_noise(line: str) -> bool:
     """Pure function: True for a C++ start-up line that tfdist hides by default."""
     line = line.rstrip("\r\n")
-    return line == _ABSL_NOTICE or bool(_GLOG.match(line))
+    return (line == _ABSL_NOTICE or line.startswith(_CONTINUATION)
+            or bool(_GLOG.match(line)))
 
 
 @contextlib.contextmanager
