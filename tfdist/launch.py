@@ -23,6 +23,7 @@ to 127.0.0.1 only.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -36,6 +37,27 @@ from tfdist import exit_codes
 
 HOST = "127.0.0.1"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Loaded before any fork: the child only calls it.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _child_setup(launcher_pid: int) -> None:
+    """Runs in each worker between fork and exec.
+
+    Workers die with the launcher: the kernel SIGKILLs them when it goes,
+    however it goes (a SIGKILL gives it no chance to stop them), so they never
+    train on unsupervised into the next run's model dir. Their stdout and
+    stderr pipes closing is the second signal (`tfdist.lifeline`). SIGINT and
+    SIGTERM are reset to their defaults: a launcher started with SIGINT
+    ignored (`cmd &` in a script) must still be able to interrupt them.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != launcher_pid:  # the launcher died before prctl
+            os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def free_ports(n: int, host: str = HOST) -> list[int]:
@@ -129,6 +151,8 @@ class _TaskGroup:
         base_env.setdefault("PYTHONUNBUFFERED", "1")
         self.labels = [label for label, _ in tasks]
         self.procs, self._pumps, self._logs = [], [], []
+        self.signalled: int | None = None  # SIGINT/SIGTERM received and forwarded
+        launcher_pid = os.getpid()
         for label, cfg in tasks:
             log = lock = None
             if log_dir:  # unprefixed, one file per task, besides the prefixed console
@@ -137,7 +161,8 @@ class _TaskGroup:
                 self._logs.append(log)
             p = subprocess.Popen(command, env={**base_env, "TF_CONFIG": json.dumps(cfg)},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 stdin=subprocess.DEVNULL)
+                                 stdin=subprocess.DEVNULL,
+                                 preexec_fn=lambda: _child_setup(launcher_pid))
             self.procs.append(p)
             for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
                 t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out, log, lock),
@@ -146,6 +171,7 @@ class _TaskGroup:
                 self._pumps.append(t)
 
     def _forward(self, signum, _frame):
+        self.signalled = signum
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -175,18 +201,23 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
     When a worker fails, the others are stopped; with restarts left, all
     workers are started again (on fresh ports) and resume from the last
-    backup, unless the failure was bad input or a preemption.
+    backup, unless the failure was bad input or a preemption, or the
+    launcher itself was interrupted (SIGINT/SIGTERM: a stop, not a failure).
 
     Returns:
         0 when every worker exits 0; the failed worker's status when it is a
         tfdist status (2 config, 3 cluster, 4 peer lost, 75 preempted), else
-        1; 124 on timeout. The cause is printed to stderr.
+        1; 124 on timeout; 130 after SIGINT. The cause is printed to stderr.
     """
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     attempt = 0
     while True:
-        status, failed_code = _run_once(num_workers, command, deadline, timeout_s, env,
-                                        log_dir, append=attempt > 0)
+        status, failed_code, signalled = _run_once(num_workers, command, deadline, timeout_s,
+                                                   env, log_dir, append=attempt > 0)
+        if signalled is not None and status != 0:
+            print(f"tfdist.launch: stopped by {signal.Signals(signalled).name}; not "
+                  "restarting.", file=sys.stderr, flush=True)
+            return 128 + signal.SIGINT if signalled == signal.SIGINT else status
         if status in (0, 124) or failed_code in NO_RESTART or attempt >= max_restarts:
             return status
         attempt += 1
@@ -196,7 +227,8 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
 
 def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, append=False):
-    """One launch of all workers: (status, exit code of the failed worker or None)."""
+    """One launch of all workers: (status, exit code of the failed worker or None,
+    the signal the launcher forwarded or None)."""
     tasks = [(f"worker {i}", cfg)
              for i, cfg in enumerate(worker_tf_configs(free_ports(num_workers)))]
     status, message, failed_code = 0, None, None
@@ -224,7 +256,7 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
             time.sleep(0.1)
     if message:
         print(message, file=sys.stderr, flush=True)
-    return status, failed_code
+    return status, failed_code, group.signalled
 
 
 PS_GRACE_S = 30.0  # after a ps dies, time the chief gets to report it before being stopped

@@ -18,6 +18,7 @@ options. Every bad option fails here, before TensorFlow starts.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from tfdist import config, exit_codes, recipe as recipe_lib
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         print(config.usage(config.merge(recipe.DEFAULTS, [], name)))
         return 0
     status_file = ""
+    reset_signals()
+    from tfdist import lifeline
+
+    lifeline.watch_output_pipes()  # the launcher's pipes closing ends this worker
     try:
         recipe, cfg = parse(argv)
         from tfdist import cluster, trainer
@@ -81,6 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     if status_file:
         write_status(status_file, code)
     return code
+
+
+def reset_signals() -> None:
+    """SIGINT and SIGTERM back to Python's defaults before tfdist installs its own.
+
+    A process started with them ignored (`cmd &` in a script ignores SIGINT)
+    would otherwise ignore a launcher forwarding them.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def write_status(path: str, code: int) -> None:

@@ -106,3 +106,98 @@ def test_read_only_dir_fails_before_tensorflow_naming_the_path(tmp_path):
                 in proc.stderr), tail(proc)
         assert "Traceback" not in proc.stderr and "recipe=" not in proc.stdout
         assert took < 30  # no TensorFlow was started
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_for_backup(model_dir: str, proc, seconds: float = 180) -> None:
+    backup = os.path.join(model_dir, "backup")
+    deadline = time.monotonic() + seconds
+    while not (os.path.isdir(backup) and any(f.startswith("ckpt-") for f in os.listdir(backup))):
+        assert time.monotonic() < deadline and proc.poll() is None, "no backup appeared"
+        time.sleep(0.05)
+
+
+def _shm_job(model_dir: str, *launch_args) -> list[str]:
+    return [sys.executable, "-m", "tfdist.launch", "-n", "2", *launch_args, "--",
+            sys.executable, "-m", "tfdist.train", SLOW, "--strategy", "shm",
+            "--example-delay-ms", "3", "--epochs", "2", "--save-every-steps", "4",
+            "--verbose", "0", "--threads", "1", "--model-dir", model_dir]
+
+
+def test_sigkilled_launcher_leaves_no_worker_and_the_rerun_takes_over(tmp_path):
+    model_dir = str(tmp_path / "m")
+    command = _shm_job(model_dir)
+    launcher = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_backup(model_dir, launcher)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [p for p in workers if _alive(p)]
+    finally:
+        for p in _children(launcher.pid) + workers:
+            with contextlib.suppress(OSError):
+                os.kill(p, 9)
+    assert not left, f"workers {left} outlived their launcher by 5 s"
+    lock = json.load(open(os.path.join(model_dir, ".tfdist.lock")))
+    assert lock["pid"] in workers  # the killed chief's record is still there
+
+    rerun = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                           timeout=240)
+    assert rerun.returncode == 0, tail(rerun)
+    assert (f"[worker 0] tfdist: took over the lock of a job that is no longer running "
+            f"(host {lock['host']}, pid {lock['pid']}") in rerun.stdout
+    assert "[worker 0] tfdist: resumed from" in rerun.stdout
+    for d in (model_dir, os.path.join(model_dir, "backup")):
+        assert not [f for f in os.listdir(d) if ".tmp" in f]
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("tfdist_")
+                and int(f.split("_")[1]) in workers]
+
+
+def test_sigint_is_not_restarted_even_when_the_launcher_ignored_it(tmp_path):
+    import signal
+
+    model_dir = str(tmp_path / "m")
+    # As `cmd &` in a script starts it: SIGINT ignored, inherited by what it runs.
+    launcher = subprocess.Popen(
+        _shm_job(model_dir, "--max-restarts", "2"), cwd=REPO, env=clean_env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        _wait_for_backup(model_dir, launcher)
+        workers = _children(launcher.pid)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=90)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130, err[-3000:]
+    assert "tfdist.launch: stopped by SIGINT; not restarting." in err
+    assert "restarting all" not in err and "metrics.json" not in os.listdir(model_dir)
+    assert not [p for p in workers if _alive(p)]

@@ -44,6 +44,7 @@ when a peer died, so a dead peer is an error, not a hang.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -78,6 +79,7 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 # shrinking the chunk as ranks grow (2 ranks: 4 MB chunks, 4: 1.5 MB, 8: 448 KB).
 SEGMENT_BUDGET_BYTES = 32 << 20
 SHM_DIR = "/dev/shm"
+_SEGMENT_PREFIX = "tfdist_"  # then the creating pid: see remove_stale_segments
 
 
 def check_platform() -> None:
@@ -181,18 +183,25 @@ class Communicator:
         try:
             self._connect()
         except BaseException:
-            if self.rank == 0 and self._shm is not None:
-                self._shm.close()
-                self._shm.unlink()  # nothing left in /dev/shm by a failed start
-                self._shm = None
+            if self._shm is not None:
+                # Nothing left in /dev/shm by a failed start: rank 0 created the
+                # segment, and a rank that got its name outlives a rank 0 that died.
+                shm, self._shm = self._shm, None
+                shm.close()
+                if self.rank == 0:
+                    with contextlib.suppress(FileNotFoundError):
+                        shm.unlink()  # also tells the resource tracker
+                else:
+                    remove_segment(shm.name)
             self.close()
             raise
 
     def _connect(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         if self.rank == 0:
+            remove_stale_segments()
             _check_space(self.nbytes)
-            name = f"tfdist_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+            name = f"{_SEGMENT_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.nbytes)
             self._shm.buf[:self._mail_off] = bytes(self._mail_off)
             header = np.ndarray((self._mail_off,), np.uint8, self._shm.buf)
@@ -490,6 +499,40 @@ def _check_space(nbytes: int) -> None:
             f"The shared-memory engine needs {nbytes / 2**20:.1f} MiB in {SHM_DIR}, which has "
             f"{free / 2**20:.1f} MiB free.\nHINT: give the container more (docker run "
             "--shm-size=256m) or pass a smaller chunk_bytes.")
+
+
+def remove_segment(name: str) -> bool:
+    """Unlinks /dev/shm/NAME if it is still there; True when it was."""
+    try:
+        os.remove(os.path.join(SHM_DIR, name))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlinks the segments whose creator (the pid in their name) has exited.
+
+    A rank 0 killed during the rendezvous (its process group killed, say)
+    leaves its segment, and no other rank knows its name; the next job's
+    rank 0 removes it here.
+    """
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(_SEGMENT_PREFIX):
+            continue
+        try:
+            os.kill(int(name[len(_SEGMENT_PREFIX):].split("_")[0]), 0)
+        except ProcessLookupError:
+            if remove_segment(name):
+                removed.append(name)
+        except (ValueError, OSError):
+            continue  # not our name format, or a process we may not signal: alive
+    return removed
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -1,0 +1,24 @@
+"""Segments left by a killed rank 0 are removed by the next start (issue 19)."""
+
+import os
+import subprocess
+
+from tfdist.shm import comm
+
+
+def test_stale_segments_of_exited_creators_are_removed():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"tfdist_{dead.pid}_deadbeef0000"
+    live = f"tfdist_{os.getpid()}_alive0000000"
+    for name in (stale, live):
+        with open(os.path.join(comm.SHM_DIR, name), "wb") as f:
+            f.write(b"\0" * 64)
+    try:
+        removed = comm.remove_stale_segments()
+        assert stale in removed and live not in removed
+        assert not os.path.exists(os.path.join(comm.SHM_DIR, stale))
+        assert os.path.exists(os.path.join(comm.SHM_DIR, live))
+    finally:
+        for name in (stale, live):
+            comm.remove_segment(name)
