@@ -159,3 +159,51 @@ def test_resume_restores_or_clears(tmp_path):
     assert os.path.exists(path)
     assert store.resume(False, META, model, opt) == (None, path)
     assert store.paths() == []
+
+
+def test_resume_falls_back_past_a_corrupt_newest_backup(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars(2.0)
+    good = store.save(TrainState(epoch=1, global_step=22), model, opt, META)
+    bad = store.save(TrainState(epoch=2, global_step=44), *_vars(3.0), META)
+    open(bad, "r+b").truncate(500)
+    fresh, fresh_opt = _vars(0.0)
+    # A non-chief falls back the same way and moves nothing.
+    follower = BackupStore(str(tmp_path), is_chief=False)
+    assert follower.resume(True, META, *_vars(0.0))[1] == good and os.path.exists(bad)
+    state, got = store.resume(True, META, fresh, fresh_opt)
+    assert got == good and state.global_step == 22 and float(fresh[1].value[0]) == 2.0
+    assert [p for p, _ in store.skipped] == [bad] and "corrupt or truncated" in store.skipped[0][1]
+    assert not os.path.exists(bad) and os.path.exists(bad + ".corrupt")
+    assert store.paths() == [good]
+
+
+def test_all_backups_corrupt_is_an_error_and_nothing_is_moved(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    path = store.save(TrainState(epoch=1, global_step=22), *_vars(), META)
+    open(path, "r+b").truncate(500)
+    with pytest.raises(CheckpointError, match="is corrupt or truncated"):
+        store.resume(True, META, *_vars())
+    assert store.paths() == [path]
+
+
+@pytest.mark.parametrize("written,step,now,ok", [
+    (20, 15, 20, True),      # same layout, mid-epoch
+    (20, 0, 10, True),       # another layout at an epoch end: exact
+    (20, 15, 10, False),     # mid-epoch under another epoch length: refused
+    (20, 15, 30, False),
+    (None, 15, 10, False),   # an older backup whose step is past this epoch's end
+    (None, 5, 10, True),
+])
+def test_layout_mapped_exactly_or_refused_naming_both(written, step, now, ok):
+    from tfdist.checkpoint import check_layout
+
+    record = {} if written is None else {"steps_per_epoch": written}
+    state = TrainState(epoch=1, step_in_epoch=step, global_step=20 + step)
+    if ok:
+        check_layout("b.npz", record, state, now)
+        return
+    with pytest.raises(CheckpointError) as e:
+        check_layout("b.npz", record, state, now)
+    assert f"steps_per_epoch={written!r}" in str(e.value)
+    assert f"this run has steps_per_epoch={now}" in str(e.value)

@@ -111,6 +111,7 @@ class ChiefWriter:
 BACKUP_DIR = "backup"
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
+CORRUPT_SUFFIX = ".corrupt"  # a backup that failed to load, moved aside by the chief
 
 
 @dataclasses.dataclass
@@ -157,6 +158,7 @@ class BackupStore:
         self.directory = os.path.join(model_dir, BACKUP_DIR)
         self.is_chief = is_chief
         self.keep = max(1, keep)
+        self.skipped: list[tuple[str, str]] = []  # (path, why) passed over by `resume`
 
     def paths(self) -> list[str]:
         """Backup files, oldest first."""
@@ -256,12 +258,17 @@ class BackupStore:
 
     def resume(self, enabled: bool, meta: dict, model_vars, optimizer_vars,
                scope=contextlib.nullcontext) -> tuple[TrainState | None, str | None]:
-        """Restores the newest backup into the variables, or clears old backups.
+        """Restores the newest good backup into the variables, or clears old backups.
+
+        A corrupt or truncated newest backup is skipped for the newest good
+        one; the chief moves the bad file aside (to NAME.corrupt, never
+        deleted) and `skipped` lists what was passed over and why.
 
         Args:
             enabled: False for --no-resume: the chief deletes old backups, which
                 would otherwise shadow the new run's.
-            meta: This run's identity (recipe, num_replicas, global_batch_size).
+            meta: This run's identity (recipe, num_replicas, global_batch_size)
+                and, when known, its data layout (steps_per_epoch).
             model_vars: Model variables to fill.
             optimizer_vars: Optimizer variables to fill (built already).
             scope: Context manager for the assignments (the strategy's scope).
@@ -271,22 +278,38 @@ class BackupStore:
             deleted backup) after --no-resume; (None, None) when there was none.
 
         Raises:
-            CheckpointError: when the newest backup is corrupt or from another run.
+            CheckpointError: when every backup is corrupt (naming the newest), or
+                the newest good one is from another run or another data layout.
         """
-        latest = self.latest()
-        if latest and not enabled:
+        paths = self.paths()
+        if paths and not enabled:
             if self.is_chief:
                 shutil.rmtree(self.directory)
-            return None, latest
-        if not latest:
+            return None, paths[-1]
+        self.skipped = []
+        for path in reversed(paths):
+            try:
+                record, arrays = self.load(path)
+                break
+            except CheckpointError as e:
+                self.skipped.append((path, str(e)))
+        else:
+            if self.skipped:
+                raise CheckpointError(self.skipped[0][1])  # nothing good to fall back to
             return None, None
-        record, arrays = self.load(latest)
-        self.check_compatible(latest, record, {
+        for bad, _ in self.skipped:
+            if self.is_chief:
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(bad, bad + CORRUPT_SUFFIX)
+        self.check_compatible(path, record, {
             **meta, "model_signature": signature(model_vars),
             "optimizer_signature": signature(optimizer_vars)})
+        state = TrainState(**record["state"])
+        if "steps_per_epoch" in meta:
+            check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
             self.restore(arrays, model_vars, optimizer_vars)
-        return TrainState(**record["state"]), latest
+        return state, path
 
     @staticmethod
     def restore(arrays: dict, model_vars, optimizer_vars) -> None:
@@ -295,3 +318,26 @@ class BackupStore:
             v.assign(arrays[f"model_{i}"])
         for i, v in enumerate(optimizer_vars):
             v.assign(arrays[f"opt_{i}"])
+
+
+def check_layout(path: str, record: dict, state: TrainState, steps_per_epoch: int) -> None:
+    """Refuses a backup whose position cannot be mapped onto this run's epochs.
+
+    At an epoch end the position maps exactly whatever the epoch length: the
+    data position is the global step and the next epoch starts there. A
+    backup taken mid-epoch under another `--steps-per-epoch` has no such
+    mapping (the epoch it was in would end at a different step).
+
+    Raises:
+        CheckpointError: naming both epoch lengths.
+    """
+    written = record.get("steps_per_epoch")  # None: an older tfdist did not record it
+    if state.step_in_epoch == 0 or (written in (None, steps_per_epoch)
+                                    and state.step_in_epoch < steps_per_epoch):
+        return
+    raise CheckpointError(
+        f"Backup {path} cannot be resumed: it was taken at step {state.step_in_epoch} of an "
+        f"epoch of {written if written else 'unrecorded length'} steps (steps_per_epoch="
+        f"{written!r}), but this run has steps_per_epoch={steps_per_epoch}; a mid-epoch "
+        "position cannot be mapped onto epochs of another length. Rerun with the backup's "
+        "--steps-per-epoch to finish that epoch, or pass --no-resume to start fresh.")

@@ -25,7 +25,7 @@ from tfdist import cluster as cluster_lib
 from tfdist import config, data, optim, straggler, strategies
 from tfdist import model_dir as model_dir_lib
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
 from tfdist.compat.tf_startup_logs import import_tensorflow
 from tfdist.errors import ConfigError, PeerLostError
 
@@ -261,9 +261,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
 
     # --- resume ---------------------------------------------------------
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
-    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": replicas, "global_batch_size": gbs}
-    restored, backup = store.resume(cfg["resume"], meta, model.variables,
-                                    optimizer.variables, strategy.scope)
+    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": replicas, "global_batch_size": gbs,
+            "steps_per_epoch": steps_per_epoch}
+    try:
+        restored, backup = store.resume(cfg["resume"], meta, model.variables,
+                                        optimizer.variables, strategy.scope)
+    finally:  # said even when the backup fallen back to is then refused
+        for bad, why in store.skipped:
+            _log(cluster, f"skipped backup {bad}, moved aside to {bad}{CORRUPT_SUFFIX}: {why}")
     state, resumed_from = (restored, backup) if restored else (TrainState(), None)
     if restored:
         _log(cluster, f"resumed from {backup}: epoch {state.epoch}, step "

@@ -201,3 +201,31 @@ def test_sigint_is_not_restarted_even_when_the_launcher_ignored_it(tmp_path):
     assert "tfdist.launch: stopped by SIGINT; not restarting." in err
     assert "restarting all" not in err and "metrics.json" not in os.listdir(model_dir)
     assert not [p for p in workers if _alive(p)]
+
+
+def test_corrupt_newest_backup_falls_back_and_a_new_epoch_length_is_refused_not_hung(tmp_path):
+    model_dir = str(tmp_path / "m")
+    base = ["-m", "tfdist.train", "digits_mlp", "--model-dir", model_dir, "--verbose", "0",
+            "--threads", "1", "--save-every-steps", "15"]
+    first = run_py([*base, "--epochs", "1", "--steps-per-epoch", "20"])
+    assert first.returncode == 0, tail(first)
+    backup = os.path.join(model_dir, "backup")
+    newest, older = (os.path.join(backup, f"ckpt-{s:010d}.npz") for s in (20, 15))
+    with open(newest, "r+b") as f:
+        f.truncate(1000)
+
+    # The newest good backup is mid-epoch (step 15 of 20): another epoch length is refused.
+    changed = run_py([*base, "--epochs", "2", "--steps-per-epoch", "10"])
+    assert changed.returncode == exit_codes.CONFIG, tail(changed)
+    assert f"tfdist: skipped backup {newest}, moved aside to {newest}.corrupt: Backup " \
+           f"{newest} is corrupt or truncated" in changed.stdout
+    assert (f"Backup {older} cannot be resumed: it was taken at step 15 of an epoch of 20 "
+            "steps (steps_per_epoch=20), but this run has steps_per_epoch=10") in changed.stderr
+    assert sorted(os.listdir(backup)) == ["ckpt-0000000015.npz", "ckpt-0000000020.npz.corrupt"]
+
+    same = run_py([*base, "--epochs", "2", "--steps-per-epoch", "20"])
+    assert same.returncode == 0, tail(same)
+    assert f"resumed from {older}: epoch 0, step 15 of 20 (global step 15)" in same.stdout
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    assert metrics["global_step"] == 40 and len(metrics["history"]["loss"]) == 2
+    assert os.path.exists(newest + ".corrupt")  # moved aside, never deleted
