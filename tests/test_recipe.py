@@ -29,3 +29,12 @@ def test_recipe_missing_members(tmp_path):
     path.write_text("DEFAULTS = {}\n")
     with pytest.raises(ConfigError, match=r"missing \['build_model', 'build_dataset'\]"):
         recipe.load(str(path))
+
+
+def test_fit_only_hooks_are_refused_for_parameter_server():
+    recipe_lib = recipe
+    template = recipe_lib.load("TEMPLATE")
+    with pytest.raises(ConfigError, match=r"defines \['callbacks', 'train_step'\].*"
+                                          "parameter_server has its own training loop"):
+        recipe_lib.check_hooks_for_own_loop(template, "parameter_server")
+    recipe_lib.check_hooks_for_own_loop(recipe_lib.load("digits_mlp"), "parameter_server")

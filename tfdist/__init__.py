@@ -1,5 +1,10 @@
 """tfdist: distributed training for Keras 3 models on TensorFlow.
 
+In your own script::
+
+    import tfdist
+    dist = tfdist.setup()          # a `tfdist.Distributed`: strategy, rank, is_chief, ...
+
 The package is split the way the problem is:
 
 * `tfdist.cluster`: where am I (TF_CONFIG, SLURM, local machine).
@@ -13,3 +18,7 @@ Importing `tfdist` does not import TensorFlow; the submodules that need it do.
 """
 
 __version__ = "0.1.0"
+
+from tfdist.distributed import Distributed, setup  # noqa: E402  (imports no TensorFlow)
+
+__all__ = ["Distributed", "setup", "__version__"]

@@ -7,9 +7,19 @@ A recipe is a small Python module with:
 * ``build_model(cfg)``: an uncompiled Keras model;
 * ``build_dataset(cfg, split)``: unbatched (x, y) examples for "train" or
   "test", as a `tf.data.Dataset` or a `tfdist.data.Source`;
-* optionally ``compile_kwargs(cfg)``: loss and metrics for `model.compile`.
+* optionally ``compile_kwargs(cfg)``: loss and metrics for `model.compile`;
+* optionally ``build_optimizer(cfg, learning_rate)``: the Keras optimizer
+  (default: `tfdist.optim.build_optimizer`, from --optimizer, --momentum,
+  --clipnorm, --accumulate, --warmup-steps); `learning_rate` is already
+  scaled by --lr-scaling;
+* optionally ``callbacks(cfg)``: extra Keras callbacks for `fit`, run on
+  every worker (write files only where `cfg["is_chief"]`);
+* optionally ``train_step(model, data)``: one training step, as the body of
+  Keras 3's `Model.train_step(self, data)` (forward, loss, gradients,
+  `model.optimizer.apply`, metrics); returns the logs dict. It runs on every
+  replica inside `fit`; the optimizer all-reduces the gradients.
 
-Recipes import Keras/TensorFlow inside these functions, so that loading one
+`recipes/TEMPLATE.py` is a copyable recipe with every member. Recipes import Keras/TensorFlow inside these functions, so that loading one
 to validate options does not start TensorFlow. Recipes know nothing of
 distribution.
 """
@@ -75,3 +85,43 @@ def load(name_or_path: str) -> ModuleType:
 def compile_kwargs(recipe: ModuleType, cfg: dict) -> dict:
     """The recipe's loss and metrics for `model.compile` ({} when it defines none)."""
     return recipe.compile_kwargs(cfg) if hasattr(recipe, "compile_kwargs") else {}
+
+
+def build_optimizer(recipe: ModuleType, cfg: dict, learning_rate: float):
+    """The recipe's optimizer, or tfdist's from the options when it defines none."""
+    if hasattr(recipe, "build_optimizer"):
+        return recipe.build_optimizer(cfg, learning_rate)
+    from tfdist import optim
+
+    return optim.build_optimizer(cfg, learning_rate)
+
+
+def callbacks(recipe: ModuleType, cfg: dict, is_chief: bool) -> list:
+    """The recipe's extra `fit` callbacks ([] when it defines none)."""
+    if not hasattr(recipe, "callbacks"):
+        return []
+    return list(recipe.callbacks({**cfg, "is_chief": is_chief}))
+
+
+def install_train_step(recipe: ModuleType, model) -> None:
+    """Makes `fit` run the recipe's `train_step(model, data)`, if it has one."""
+    if hasattr(recipe, "train_step"):
+        step = recipe.train_step
+        # Keras's fit calls self.train_step(data); an instance attribute overrides the method.
+        model.train_step = lambda data: step(model, data)
+
+
+HOOKS_WITHOUT_FIT = ("callbacks", "train_step")
+
+
+def check_hooks_for_own_loop(recipe: ModuleType, loop: str) -> None:
+    """Refuses `fit`-only hooks for loops that are not Keras `fit` (parameter server).
+
+    Raises:
+        ConfigError: naming the hooks and the loop.
+    """
+    used = [h for h in HOOKS_WITHOUT_FIT if hasattr(recipe, h)]
+    if used:
+        raise ConfigError(f"Recipe {recipe.RECIPE_NAME} defines {used}, which run inside Keras "
+                          f"`fit`; {loop} has its own training loop and cannot use them. "
+                          "Use a synchronous strategy, or drop them.")

@@ -251,9 +251,10 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
 
     with strategy.scope():
         model = hooks.transform_model(recipe.build_model(cfg))
-        optimizer = hooks.wrap_optimizer(optim.build_optimizer(cfg, lr))
+        optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(recipe, cfg, lr))
         model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
                       **hooks.compile_kwargs())
+        recipe_lib.install_train_step(recipe, model)
         optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
         # Keras builds optimizers lazily; build now so a backup can fill its slots.
         optimizer.build(model.trainable_variables)
@@ -286,7 +287,8 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
     counter = _counter()
     # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
     # state before anything else runs, and averages metrics before they are recorded.
-    callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []), backup_cb]
+    callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []),
+                 *recipe_lib.callbacks(recipe, cfg, cluster.is_chief), backup_cb]
     if cfg["straggler_delay_ms"] and cluster.worker_index == cfg["straggler_worker"]:
         callbacks.append(straggler.keras_callback(cfg["straggler_delay_ms"]))
     if cfg["csv_log"]:

@@ -78,7 +78,10 @@ def run(recipe, cfg: dict, cluster):
     """
     from tfdist import straggler
 
+    from tfdist import recipe as recipe_lib
+
     check_cluster(cluster)
+    recipe_lib.check_hooks_for_own_loop(recipe, "parameter_server")
     check_partitioning(cfg["ps_shards"])
     num_workers = len(cluster.tf_config["cluster"]["worker"])
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 
-from tfdist import data, optim, strategies
+from tfdist import data, strategies
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ClusterError
@@ -94,7 +94,7 @@ def train(recipe, cfg: dict, cluster):
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
         model = recipe.build_model(cfg)
-        optimizer = optim.build_optimizer(cfg, lr)
+        optimizer = recipe_lib.build_optimizer(recipe, cfg, lr)
         model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
         # Create every variable (weights, optimizer slots, loss state) here, eagerly:
         # scheduled functions run on workers and may not create variables.

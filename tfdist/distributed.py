@@ -1,0 +1,182 @@
+"""tfdist in your own script: one object that knows where this process is and how to train.
+
+    import tfdist
+    dist = tfdist.setup()               # TF_CONFIG, Slurm, horovodrun, or this machine
+    with dist.scope():
+        model = ...; model.compile(optimizer=dist.optimizer(opt), ...)
+    model.fit(dist.shard(examples, 64), callbacks=dist.callbacks(), verbose=dist.verbose)
+    dist.save(model, "runs/mine/model.keras")   # the chief writes; the others do not
+
+In the spirit of Lightning Fabric and HF Accelerate: the script keeps its own
+model, data and loop; `Distributed` holds the strategy, this process's rank,
+the chief flag, a chief-only atomic save and a data helper that gives every
+process its part of each global batch. It is built on `tfdist.cluster.detect()`
+and `tfdist.strategies.build_strategy()`, so it applies tfdist's upstream
+workarounds (Keras 3 `fit` under MultiWorkerMirroredStrategy) and works under
+`tfdist.launch`, `srun`, TF_CONFIG and `horovodrun` alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Distributed:
+    """Strategy, rank and chief flag of this process, with chief-only output.
+
+    Build it with `tfdist.setup()` before any TensorFlow op runs.
+
+    Attributes:
+        strategy: The `tf.distribute.Strategy` (the default strategy for
+            engines with one replica per process: horovod, shm).
+        name: The concrete strategy name ("single", "multi_worker", ...).
+        cluster: This process's `tfdist.cluster.ClusterInfo`.
+        hooks: The strategy adapter's `tfdist.strategies.Hooks`.
+    """
+
+    strategy: object
+    name: str
+    cluster: object
+    hooks: object
+
+    @property
+    def rank(self) -> int:
+        """This process's index among the training processes; the chief is 0."""
+        return self.cluster.worker_index
+
+    @property
+    def num_workers(self) -> int:
+        """Training processes in the job."""
+        return self.cluster.num_workers
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas that share each global batch (all processes, all devices)."""
+        return self.hooks.num_replicas(self.strategy)
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the one process that writes (models, logs, metrics)."""
+        return self.cluster.is_chief
+
+    @property
+    def verbose(self) -> int:
+        """Keras `verbose` for this process: progress bars on the chief's terminal,
+        one line per epoch when its output is a pipe or file, nothing elsewhere."""
+        from tfdist import config
+        from tfdist.cluster import detect_console
+
+        return config.keras_verbosity("auto", detect_console().interactive) if self.is_chief else 0
+
+    def scope(self):
+        """The strategy's scope: build and compile the model (and optimizer) inside it."""
+        return self.strategy.scope()
+
+    def per_replica_batch_size(self, global_batch_size: int) -> int:
+        """`global_batch_size / num_replicas`, or a ConfigError saying why not."""
+        from tfdist import data
+
+        return data.per_replica_batch_size(global_batch_size, self.num_replicas)
+
+    def shard(self, examples, global_batch_size: int, *, repeat: bool = True,
+              training: bool = True):
+        """This process's input: `examples` batched at the global batch size.
+
+        Every step, the replicas together see exactly one global batch of
+        consecutive examples, whatever the number of processes: TensorFlow
+        splits it among MWMS and mirrored replicas, and under horovod or shm
+        this process keeps its own slice.
+
+        Args:
+            examples: An unbatched `tf.data.Dataset` (the same on every process).
+            global_batch_size: Examples per step across all replicas.
+            repeat: Repeat forever (pass `steps_per_epoch` to `fit`).
+            training: Drop a last partial batch, so every step is full.
+
+        Returns:
+            A batched `tf.data.Dataset` for `fit`, or for `distribute`.
+        """
+        from tfdist import data
+
+        self.per_replica_batch_size(global_batch_size)
+        return data.prepare(examples, global_batch_size, num_workers=self.num_workers,
+                            training=training, repeat=repeat,
+                            shard_by=self.hooks.input_shard() if training else None)
+
+    def distribute(self, examples, global_batch_size: int, *, repeat: bool = True):
+        """`shard`, then `strategy.experimental_distribute_dataset`: for custom loops."""
+        return self.strategy.experimental_distribute_dataset(
+            self.shard(examples, global_batch_size, repeat=repeat))
+
+    def optimizer(self, optimizer):
+        """The optimizer to compile with (horovod and shm wrap it in their all-reduce)."""
+        return self.hooks.wrap_optimizer(optimizer)
+
+    def callbacks(self, learning_rate: float = 0.0) -> list:
+        """Callbacks `fit` needs under this strategy (horovod, shm: broadcast of the
+        chief's initial state, metric averaging); empty for tf.distribute strategies."""
+        return self.hooks.callbacks({}, learning_rate)
+
+    def save(self, model, path: str) -> str | None:
+        """Saves `model` to `path` on the chief, atomically; returns the path or None.
+
+        Call it on every process (under MWMS saving may run collectives);
+        only the chief writes.
+        """
+        import os
+
+        from tfdist.checkpoint import ChiefWriter
+
+        directory, name = os.path.split(os.path.abspath(path))
+        return ChiefWriter(directory, self.is_chief).save_model(model, name)
+
+    def print(self, *args, **kwargs) -> None:
+        """`print` on the chief only (flushed)."""
+        if self.is_chief:
+            print(*args, **kwargs, flush=True)
+
+
+def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | None = None,
+          collective: str = "auto", timeout_s: float | None = 300.0,
+          tf_logs: bool = False) -> Distributed:
+    """Finds the cluster, starts TensorFlow quietly and builds the strategy.
+
+    Call it first, before any TensorFlow op: the strategy (and CPU logical
+    devices, thread pools) can only be set up before TensorFlow's runtime starts.
+
+    Args:
+        strategy: Any `tfdist.strategies.valid_names()` name; "auto" picks
+            multi_worker under a cluster, horovod under horovodrun, mirrored
+            when several local devices are asked for, else single.
+        devices: Local replicas (GPUs, or the CPU split into this many).
+        threads: Intra-op threads per process (None: TensorFlow's choice).
+        collective: MWMS collectives: "auto", "ring" or "nccl".
+        timeout_s: Collective timeout, so a dead peer ends the job.
+        tf_logs: Show TensorFlow's C++ start-up lines.
+
+    Returns:
+        A `Distributed`.
+
+    Raises:
+        ConfigError: for an unknown strategy or a missing optional dependency.
+        ClusterError: for an inconsistent cluster environment.
+    """
+    from tfdist import cluster as cluster_lib
+    from tfdist import strategies
+    from tfdist.compat.tf_startup_logs import import_tensorflow
+
+    strategies.check_available(strategy)
+    info = cluster_lib.detect()
+    import_tensorflow(show_logs=tf_logs or cluster_lib.detect_console().tf_logs)
+    from tfdist.strategies.devices import configure_runtime, gpu_count
+
+    configure_runtime(cpu_devices=devices if devices and devices > 1 and gpu_count() == 0
+                      else None, intra_op_threads=threads)
+    options = strategies.StrategyOptions(devices=devices, collective=collective,
+                                         timeout_s=timeout_s)
+    name = strategies.resolve_name(strategy, info, devices, gpu_count())
+    built = strategies.build_strategy(name, info, options)
+    return Distributed(strategy=built, name=name, cluster=info,
+                       hooks=strategies.build_hooks(name, info, options))
+
