@@ -17,18 +17,16 @@ import shutil
 import subprocess
 import sys
 import time
-import zipfile
 
-import numpy as np
 import pytest
 
 from tests.conftest import REPO, WORKERS, clean_env, run_py, tail
+from tests.integration.slurm_util import (ARGS, assert_same_weights, job_fields, keras_weights,
+                                           sbatch, wait_all)
 
 pytestmark = pytest.mark.integration
 
 CLUSTER = os.path.join(REPO, "slurm", "local_cluster.sh")
-ARGS = ["--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size", "64",
-        "--learning-rate", "0.1", "--verbose", "0", "--threads", "1"]
 CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.keras"]
 
 
@@ -62,51 +60,7 @@ def _env(**extra):
 
 
 def _sbatch(script, out, *args, opts=(), wait=False, env=None):
-    """Submits slurm/SCRIPT from the project root; returns (job id, completed sbatch)."""
-    cmd = ["sbatch", "--parsable", f"--output={out}", *opts, *(["--wait"] if wait else []),
-           os.path.join("slurm", script), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env or _env(), cwd=REPO)
-    job = proc.stdout.strip().split(";")[0].splitlines()[0] if proc.stdout.strip() else None
-    return job, proc
-
-
-def _job(job):
-    """`scontrol show job` fields as a dict (finished jobs stay for MinJobAge)."""
-    text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    return dict(f.split("=", 1) for f in text.split() if "=" in f)
-
-
-def _wait_all(jobs, timeout=300):
-    """Polls until every job is done; returns how often all were RUNNING together."""
-    deadline, together = time.monotonic() + timeout, 0
-    while True:
-        states = [_job(j).get("JobState") for j in jobs]
-        together += all(s == "RUNNING" for s in states)
-        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") for s in states):
-            return together
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", *jobs])
-            pytest.fail(f"jobs {jobs} still {states} after {timeout} s")
-        time.sleep(0.5)
-
-
-def _weights(model_keras):
-    """Every weight array in a .keras file, in file order (h5py; no TensorFlow here)."""
-    import h5py
-
-    with zipfile.ZipFile(model_keras) as z, z.open("model.weights.h5") as f, \
-            h5py.File(f, "r") as h5:
-        arrays = []
-        h5.visititems(lambda name, obj: arrays.append(obj[()]) if isinstance(
-            obj, h5py.Dataset) else None)
-    return arrays
-
-
-def _assert_same_weights(model_dir, baseline):
-    got = _weights(os.path.join(model_dir, "model.keras"))
-    assert len(got) == len(baseline) > 0
-    for a, b in zip(got, baseline):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    return sbatch(script, out, *args, env=env or _env(), opts=opts, wait=wait)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +70,7 @@ def baseline(tmp_path_factory):
     proc = run_py(["-m", "tfdist.train", "digits_mlp", "--strategy", "single", *ARGS,
                    "--model-dir", model_dir])
     assert proc.returncode == 0, tail(proc)
-    return _weights(os.path.join(model_dir, "model.keras"))
+    return keras_weights(os.path.join(model_dir, "model.keras"))
 
 
 @pytest.mark.parametrize("strategy", ["multi_worker", "shm"])
@@ -132,7 +86,7 @@ def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_
     assert sorted(os.listdir(model_dir)) == CHIEF_FILES
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert (metrics["num_replicas"], metrics["num_workers"]) == (2, 2)
-    _assert_same_weights(model_dir, baseline)
+    assert_same_weights(model_dir, baseline)
 
 
 def test_two_jobs_at_once_on_one_node_both_finish(slurm_cluster, baseline, tmp_path):
@@ -145,12 +99,12 @@ def test_two_jobs_at_once_on_one_node_both_finish(slurm_cluster, baseline, tmp_p
                             opts=["--oversubscribe"])
         assert proc.returncode == 0 and job, tail(proc)
         jobs.append(job)
-    together = _wait_all(jobs)
+    together = wait_all(jobs)
     for name, job in zip("ab", jobs):
-        info = _job(job)
+        info = job_fields(job)
         log = open(tmp_path / f"{name}-{job}.out").read()
         assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-4000:]
-        _assert_same_weights(str(tmp_path / name), baseline)
+        assert_same_weights(str(tmp_path / name), baseline)
     assert together > 0, "the two jobs never ran at the same time"
 
 
@@ -163,11 +117,11 @@ def test_sigterm_saves_backup_and_requeued_job_resumes(slurm_cluster, baseline, 
     assert proc.returncode == 0 and job, tail(proc)
     backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 180
     while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
-        assert time.monotonic() < deadline, f"no backup; job {_job(job).get('JobState')}"
+        assert time.monotonic() < deadline, f"no backup; job {job_fields(job).get('JobState')}"
         time.sleep(0.1)
     subprocess.run(["scancel", "--signal=TERM", job], check=True)
-    _wait_all([job])
-    info, log = _job(job), open(out.replace("%j", job)).read()
+    wait_all([job])
+    info, log = job_fields(job), open(out.replace("%j", job)).read()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), \
         log[-4000:]
     step = int(log.split("preempted by signal 15 at global step ")[1].split(";")[0])
@@ -176,7 +130,7 @@ def test_sigterm_saves_backup_and_requeued_job_resumes(slurm_cluster, baseline, 
     assert "tfdist-slurm: job %s run 2" % job in log
     assert f"epoch {step // 22}, step {step % 22} of 22 (global step {step})" in log, log[-4000:]
     assert json.load(open(os.path.join(model_dir, "metrics.json")))["global_step"] == 44
-    _assert_same_weights(model_dir, baseline)
+    assert_same_weights(model_dir, baseline)
 
 
 def test_mirrored_job_on_one_node(slurm_cluster, baseline, tmp_path):
@@ -186,11 +140,11 @@ def test_mirrored_job_on_one_node(slurm_cluster, baseline, tmp_path):
     job, proc = _sbatch("mirrored.sbatch", out, "digits_mlp", *ARGS, "--devices", "2",
                         "--model-dir", model_dir, opts=["--oversubscribe"])
     assert proc.returncode == 0 and job, tail(proc)
-    _wait_all([job])
+    wait_all([job])
     log = open(out.replace("%j", job)).read()
-    assert _job(job)["ExitCode"] == "0:0", log[-4000:]
+    assert job_fields(job)["ExitCode"] == "0:0", log[-4000:]
     assert "strategy=mirrored num_replicas=2 workers=1" in log, log[-4000:]
-    _assert_same_weights(model_dir, baseline)
+    assert_same_weights(model_dir, baseline)
 
 
 def _horovod_python(request):
@@ -224,7 +178,7 @@ def test_horovod_job(request, tmp_path):
     log = open(out.replace("%j", job)).read() if job else ""
     assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
     assert "num_replicas=2" in log, log[-4000:]
-    _assert_same_weights(model_dir, baseline)
+    assert_same_weights(model_dir, baseline)
 
 
 def test_horovod_sigterm_saves_backup_and_requeued_job_resumes(request, tmp_path):
@@ -238,15 +192,15 @@ def test_horovod_sigterm_saves_backup_and_requeued_job_resumes(request, tmp_path
     assert proc.returncode == 0 and job, tail(proc)
     backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 180
     while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
-        assert time.monotonic() < deadline, f"no backup; job {_job(job).get('JobState')}"
+        assert time.monotonic() < deadline, f"no backup; job {job_fields(job).get('JobState')}"
         time.sleep(0.1)
     # --batch: to the batch shell, as --signal=B:TERM does before the time limit.
     subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True)
-    _wait_all([job])
-    info, log = _job(job), open(out.replace("%j", job)).read()
+    wait_all([job])
+    info, log = job_fields(job), open(out.replace("%j", job)).read()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), \
         log[-4000:]
     assert "rank 0 exited with 75" in log and "requeueing job" in log, log[-4000:]
     step = int(log.split("preempted by signal 15 at global step ")[1].split(";")[0])
     assert f"(global step {step})" in log and 0 < step < 44, log[-4000:]
-    _assert_same_weights(model_dir, baseline)
+    assert_same_weights(model_dir, baseline)

@@ -9,10 +9,11 @@
                  wrapper amounts to on Keras 3): shows the equality test has teeth.
 
 Writes DUMP_DIR/worker{RANK}.npz: initial (pre-broadcast) and final weights,
-per-epoch history, per-batch learning rates and evaluation.
+per-epoch history, per-batch learning rates, evaluation and the rank's hostname.
 """
 
 import os
+import socket
 import sys
 
 import numpy as np
@@ -67,7 +68,8 @@ def main():
     arrays.update({f"history_{k}": np.array(v) for k, v in result.metrics["history"].items()})
     np.savez(os.path.join(dump_dir, f"worker{result.cluster.worker_index}.npz"),
              lrs=np.array(lrs), eval_loss=result.metrics["test"]["loss"],
-             num_replicas=result.metrics["num_replicas"], source=info.source, **arrays)
+             num_replicas=result.metrics["num_replicas"], source=info.source,
+             hostname=socket.gethostname(), **arrays)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""Helpers for tests that submit real Slurm jobs and compare their weights.
+
+Every function takes the environment Slurm's commands run with, so one helper
+serves both the default one-node cluster and a second, independent cluster
+(whose `SLURM_CONF` names its own config).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+# digits_mlp, 2 epochs of plain SGD at global batch 64, deterministic ops.
+ARGS = ["--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size", "64",
+        "--learning-rate", "0.1", "--verbose", "0", "--threads", "1"]
+DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def sbatch(script, out, *args, env, opts=(), wait=False):
+    """Submits slurm/SCRIPT from the project root; returns (job id, completed sbatch)."""
+    cmd = ["sbatch", "--parsable", f"--output={out}", *opts, *(["--wait"] if wait else []),
+           os.path.join("slurm", script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    job = proc.stdout.strip().split(";")[0].splitlines()[0] if proc.stdout.strip() else None
+    return job, proc
+
+
+def job_fields(job, env=None):
+    """`scontrol show job` fields as a dict (finished jobs stay for MinJobAge)."""
+    text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
+                          env=env).stdout
+    return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+
+def wait_all(jobs, env=None, timeout=300):
+    """Polls until every job is done; returns how often all were RUNNING together."""
+    deadline, together = time.monotonic() + timeout, 0
+    while True:
+        states = [job_fields(j, env).get("JobState") for j in jobs]
+        together += all(s == "RUNNING" for s in states)
+        if all(s in DONE for s in states):
+            return together
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", *jobs], env=env)
+            pytest.fail(f"jobs {jobs} still {states} after {timeout} s")
+        time.sleep(0.5)
+
+
+def keras_weights(model_keras):
+    """Every weight array in a .keras file, in file order (h5py; no TensorFlow here)."""
+    import h5py
+
+    with zipfile.ZipFile(model_keras) as z, z.open("model.weights.h5") as f, \
+            h5py.File(f, "r") as h5:
+        arrays = []
+        h5.visititems(lambda name, obj: arrays.append(obj[()]) if isinstance(
+            obj, h5py.Dataset) else None)
+    return arrays
+
+
+def assert_same_weights(model_dir, baseline):
+    """model_dir/model.keras holds `baseline`'s weights (rtol 1e-5)."""
+    got = keras_weights(os.path.join(model_dir, "model.keras"))
+    assert len(got) == len(baseline) > 0
+    for a, b in zip(got, baseline):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
