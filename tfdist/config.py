@@ -30,7 +30,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "precision": "float32",      # float32 | mixed_float16 (loss-scaled) | mixed_bfloat16
     "seed": 0,
     "devices": 0,                # local replicas (logical CPUs without GPUs); 0: all/auto
-    "model_dir": "",             # default: runs/RECIPE
+    "model_dir": "",             # default: runs/RECIPE/STRATEGY[-Nw][-Ndev] (tfdist.run_dir)
     "deterministic": False,      # enable_op_determinism: bitwise repeatable runs
     "collective": "auto",        # multi_worker collective: auto | ring | nccl
     "collective_timeout_s": 300.0,  # a dead peer ends the job after this long

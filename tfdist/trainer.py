@@ -24,6 +24,7 @@ import time
 from tfdist import cluster as cluster_lib
 from tfdist import config, data, optim, straggler, strategies
 from tfdist import model_dir as model_dir_lib
+from tfdist import run_dir
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
 from tfdist.compat.tf_startup_logs import import_tensorflow
@@ -55,9 +56,11 @@ class Result:
     cluster: cluster_lib.ClusterInfo
 
 
-def model_dir_for(cfg: dict, recipe_name: str) -> str:
-    """The model dir: `cfg["model_dir"]`, or runs/RECIPE by default."""
-    return cfg["model_dir"] or os.path.join("runs", recipe_name)
+def model_dir_for(cfg: dict, recipe_name: str, cluster=None) -> str:
+    """The model dir: `cfg["model_dir"]`, or runs/RECIPE/STRATEGY[-Nw][-Ndev] by default
+    (one per launch shape; see `tfdist.run_dir`)."""
+    return cfg["model_dir"] or run_dir.default_model_dir(
+        recipe_name, cfg, cluster.num_workers if cluster is not None else 1)
 
 
 def check_before_tensorflow(cfg: dict, cluster) -> None:
@@ -171,11 +174,22 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
             or at a save: one line naming the path and errno).
     """
     cluster = cluster or cluster_lib.detect()
-    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
+    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     parameter_server = cfg["strategy"] == "parameter_server" or (
         cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster))
     if not parameter_server:
         check_before_tensorflow(cfg, cluster)
+    if not parameter_server or cluster.task_type == "chief":  # ps servers just serve
+        found = run_dir.inspect(model_dir, cfg, recipe.RECIPE_NAME)  # before TensorFlow, and before any write
+        if found.finished:
+            _log(cluster, f"{model_dir} already finished ({found.epochs_done} epochs), nothing "
+                          f"to do. Pass --epochs N (N > {found.epochs_done}) to train it "
+                          "further, or --no-resume to start over.")
+            return Result(model=None, metrics=_read_metrics(model_dir), strategy=None,
+                          cluster=cluster)
+        if found.epochs_asked is not None and found.epochs_asked != cfg["epochs"]:
+            _log(cluster, f"extending the run in {model_dir} from {found.epochs_asked} to "
+                          f"{cfg['epochs']} epochs ({found.epochs_done} done)")
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
         if parameter_server:
@@ -183,6 +197,16 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
 
             return ps.run(recipe, cfg, cluster)
         return _train(recipe, cfg, cluster, callbacks, model_dir)
+
+
+def _read_metrics(model_dir: str) -> dict:
+    import json
+
+    try:
+        with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def check_free_space(model_dir: str, cluster, model, optimizer) -> None:
@@ -263,7 +287,8 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
     # --- resume ---------------------------------------------------------
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": replicas, "global_batch_size": gbs,
-            "steps_per_epoch": steps_per_epoch}
+            "steps_per_epoch": steps_per_epoch,
+            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}  # for reruns
     try:
         restored, backup = store.resume(cfg["resume"], meta, model.variables,
                                         optimizer.variables, strategy.scope)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 
-from tfdist import data, strategies
+from tfdist import data, run_dir, strategies
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ClusterError
@@ -104,10 +104,11 @@ def train(recipe, cfg: dict, cluster):
 
     shuffle_buffer, seed, num_workers = cfg["shuffle_buffer"], cfg["seed"], len(workers)
 
-    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME)
+    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     check_free_space(model_dir, cluster, model, optimizer)
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
-    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs}
+    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs,
+            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}  # for reruns
     # Assignments inside the scope go to the ps tasks.
     restored, latest = store.resume(cfg["resume"], meta, model.variables, optimizer.variables,
                                     strategy.scope)

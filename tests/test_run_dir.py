@@ -1,0 +1,71 @@
+"""Run directories: recorded configuration, finished runs, default dir per launch shape."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tfdist import config, run_dir
+from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.errors import ConfigError
+
+
+class _Var:
+    def __init__(self, value):
+        self.value, self.name, self.path = np.asarray(value), "v", "v"
+        self.shape, self.dtype = self.value.shape, self.value.dtype
+
+    def numpy(self):
+        return self.value
+
+
+def _cfg(**over):
+    return {**config.FRAMEWORK_DEFAULTS, **over}
+
+
+def _backup(model_dir, cfg, epoch, step_in_epoch=0):
+    state = TrainState(epoch=epoch, step_in_epoch=step_in_epoch,
+                       global_step=epoch * 10 + step_in_epoch)
+    meta = {"recipe": "r", "num_replicas": 1, "global_batch_size": 64,
+            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}
+    return BackupStore(str(model_dir), True).save(state, [_Var([1.0])], [], meta)
+
+
+def test_default_model_dir_is_one_per_launch_shape():
+    assert run_dir.default_model_dir("digits_mlp", _cfg(), 1) == "runs/digits_mlp/auto"
+    assert run_dir.default_model_dir("d", _cfg(strategy="mirrored", devices=2), 1) == (
+        "runs/d/mirrored-2dev")
+    assert run_dir.default_model_dir("d", _cfg(strategy="shm"), 2) == "runs/d/shm-2w"
+
+
+def test_run_config_leaves_out_run_control_and_differences_name_each_option():
+    a = run_dir.run_config(_cfg(epochs=3, verbose="0"))
+    assert "epochs" not in a and "verbose" not in a and "learning_rate" in a
+    b = run_dir.run_config(_cfg(learning_rate=0.2, seed=1, strategy="multi_worker"))
+    assert run_dir.differences(a, b) == ["--learning-rate 0.05 there, 0.2 here",
+                                        "--seed 0 there, 1 here"]  # auto matches any strategy
+
+
+def test_inspect_fresh_resumable_finished_and_different(tmp_path):
+    cfg = _cfg(epochs=2)
+    assert run_dir.inspect(str(tmp_path), cfg) == run_dir.Found()
+    _backup(tmp_path, cfg, epoch=1)
+    found = run_dir.inspect(str(tmp_path), cfg)
+    assert found.backup and found.epochs_done == 1 and not found.finished
+    _backup(tmp_path, cfg, epoch=2)
+    assert run_dir.inspect(str(tmp_path), cfg).finished
+    assert run_dir.inspect(str(tmp_path), _cfg(epochs=1)).finished  # fewer asked: still done
+    extended = run_dir.inspect(str(tmp_path), _cfg(epochs=4))
+    assert not extended.finished and extended.epochs_asked == 2
+    with pytest.raises(ConfigError, match=r"holds a run with another configuration .*"
+                                          r"--global-batch-size 64 there, 32 here.*--no-resume"
+                                          r".*--model-dir DIR"):
+        run_dir.inspect(str(tmp_path), _cfg(epochs=2, global_batch_size=32))
+    assert run_dir.inspect(str(tmp_path), _cfg(epochs=2, resume=False)) == run_dir.Found()
+
+
+def test_mid_epoch_backup_is_not_finished(tmp_path):
+    cfg = _cfg(epochs=2)
+    _backup(tmp_path, cfg, epoch=2, step_in_epoch=3)
+    assert not run_dir.inspect(str(tmp_path), cfg).finished
+    assert json.dumps(run_dir.run_config(cfg))  # recordable as JSON

@@ -1,0 +1,117 @@
+"""What a model dir already holds, against what this command asks (no TensorFlow).
+
+Every backup records the run's configuration (`run_config`). Before
+TensorFlow starts, a rerun compares it with the newest backup's record:
+
+* no backup: train from the start;
+* the same configuration, unfinished: resume (the trainer restores it);
+* the same configuration, finished (its epochs done, at an epoch end):
+  "already finished (N epochs), nothing to do"; exit 0, nothing rewritten;
+  a larger --epochs extends it, and says so;
+* a different configuration: an error naming each difference, offering
+  --no-resume (start over there) or another --model-dir.
+
+The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Ndev]`, one per launch
+shape, so the README's launch modes never meet in one directory; what is
+left to collide there (learning rate, batch, precision, ...) is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from tfdist.errors import CheckpointError, ConfigError
+
+# Options that change how a run is executed, watched or saved, not what it
+# computes: a rerun may change them freely. Everything else is configuration.
+RUN_CONTROL = frozenset({
+    "epochs", "verbose", "tf_logs", "resume", "keep", "save_every_steps",
+    "preempt_check_steps", "csv_log", "tensorboard", "status_file", "model_dir", "threads",
+    "inter_op_threads", "collective", "collective_timeout_s", "deterministic",
+    "straggler_delay_ms", "straggler_worker", "steps_per_epoch"})
+
+
+def run_config(cfg: dict) -> dict:
+    """Pure function: the options that define what a run computes."""
+    return {k: v for k, v in sorted(cfg.items()) if k not in RUN_CONTROL}
+
+
+def default_model_dir(recipe_name: str, cfg: dict, num_workers: int) -> str:
+    """Pure function: runs/RECIPE/STRATEGY[-Nw][-Ndev], one directory per launch shape."""
+    name = cfg["strategy"]
+    if num_workers > 1:
+        name += f"-{num_workers}w"
+    if cfg.get("devices"):
+        name += f"-{cfg['devices']}dev"
+    return os.path.join("runs", recipe_name, name)
+
+
+def differences(recorded: dict, current: dict) -> list[str]:
+    """Pure function: 'key: A there, B here' for each option that differs.
+
+    `strategy: auto` matches any strategy (auto picks by environment); keys
+    only one side knows (an option added since) are ignored.
+    """
+    out = []
+    for key in sorted(recorded.keys() & current.keys()):
+        a, b = recorded[key], current[key]
+        if key == "strategy" and "auto" in (a, b):
+            continue
+        if a != b:
+            out.append(f"--{key.replace('_', '-')} {a!r} there, {b!r} here")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What the model dir holds for this run.
+
+    Attributes:
+        backup: The newest readable backup, or None.
+        epochs_done: Completed epochs in it.
+        finished: It ends at an epoch end with at least `epochs` epochs done.
+        epochs_asked: The --epochs of the run that wrote it (None if unknown).
+    """
+
+    backup: str | None = None
+    epochs_done: int = 0
+    finished: bool = False
+    epochs_asked: int | None = None
+
+
+def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
+    """Reads the newest backup's record and checks it against this run.
+
+    A backup that cannot be read is left to the trainer's resume (which falls
+    back past it or explains); backups from before configurations were
+    recorded are not compared.
+
+    Raises:
+        ConfigError: when the recorded configuration differs, naming each option.
+    """
+    from tfdist.checkpoint import BackupStore
+
+    if not cfg["resume"]:
+        return Found()
+    store = BackupStore(model_dir, is_chief=False)
+    paths = store.paths()
+    if not paths:
+        return Found()
+    try:
+        record, _ = BackupStore.load(paths[-1])
+    except CheckpointError:
+        return Found(backup=paths[-1])
+    if recipe_name and record.get("recipe") not in (None, recipe_name):
+        return Found(backup=paths[-1])  # another recipe: the trainer's resume names it
+    diff = differences(record.get("config", {}), run_config(cfg))
+    if diff:
+        raise ConfigError(
+            f"{model_dir} holds a run with another configuration ({paths[-1]}): "
+            f"{'; '.join(diff)}. Pass --no-resume to start over there (its backups are "
+            "deleted), or --model-dir DIR for a separate run.")
+    state = record.get("state", {})
+    done = int(state.get("epoch", 0))
+    finished = state.get("step_in_epoch", 0) == 0 and done >= cfg["epochs"]
+    return Found(backup=paths[-1], epochs_done=done, finished=finished,
+                 epochs_asked=record.get("epochs"))
