@@ -24,12 +24,26 @@ from tfdist.compat import horovod_keras
 
 
 @functools.cache
-def _distributed_class(base: type) -> type:
-    """A subclass of `base` whose `_clip_gradients` allreduces first (cached per class)."""
+def _distributed_class(base: type, allreduce: Callable[[list], list],
+                       average_passes: bool = True) -> type:
+    """A subclass of `base` whose `_clip_gradients` applies `allreduce` first (cached).
+
+    `allreduce` is a class attribute, not an instance one, so that
+    `cls.from_config(opt.get_config())` (Keras's copy, and what
+    `keras.models.load_model` calls with the class given in `custom_objects`)
+    gives a working distributed optimizer and not one that fails on its first
+    update. One class per (base, allreduce): engines pass hashable allreduce
+    specs, so equal options share one class.
+    """
     horovod_keras.check_optimizer_hook(base)
 
     def _clip_gradients(self, grads):
-        return base._clip_gradients(self, self._tfdist_allreduce(grads))
+        grads = self._tfdist_allreduce(grads)
+        steps = self.gradient_accumulation_steps
+        if not average_passes and steps:
+            # Keras divided the accumulated passes by `steps`: undo it for their sum.
+            grads = [_scaled(g, steps) for g in grads]
+        return base._clip_gradients(self, grads)
 
     # Same name and module as `base`, so that `model.save` records the plain
     # optimizer (e.g. keras.optimizers.SGD) and the saved model loads anywhere.
@@ -38,23 +52,47 @@ def _distributed_class(base: type) -> type:
         "__module__": base.__module__,
         "__doc__": f"{base.__name__} whose gradients are allreduced across processes.",
         "_tfdist_distributed": True,
+        "_tfdist_allreduce": allreduce,
     })
 
 
-def wrap(optimizer, allreduce: Callable[[list], list], backward_passes_per_step: int = 1):
+def distributed_class(base: type, allreduce: Callable[[list], list],
+                      average_passes: bool = True) -> type:
+    """The class of `wrap(base(...), allreduce)`: `from_config` builds working copies.
+
+    Args:
+        base: A Keras 3 optimizer class.
+        allreduce: As in `wrap`; hashable (equal specs share one class).
+        average_passes: As in `wrap`.
+
+    Raises:
+        ValueError: when `base` is itself distributed.
+    """
+    if getattr(base, "_tfdist_distributed", False):
+        raise ValueError(f"{base.__name__} is already a DistributedOptimizer.")
+    return _distributed_class(base, allreduce, bool(average_passes))
+
+
+def wrap(optimizer, allreduce: Callable[[list], list], backward_passes_per_step: int = 1,
+         average_passes: bool = True):
     """A new optimizer like `optimizer` whose gradients go through `allreduce` first.
 
     Args:
         optimizer: An unbuilt `keras.optimizers.Optimizer`.
         allreduce: Maps the list of gradients (tensors, IndexedSlices or
-            None) to the reduced list, the same on every process.
+            None) to the reduced list, the same on every process. Hashable:
+            it becomes an attribute of the returned optimizer's class.
         backward_passes_per_step: Accumulate this many local gradients
             (Keras 3's `gradient_accumulation_steps`) and allreduce and apply
             their mean once; the optimizer updates every k-th call.
+        average_passes: False applies the sum of the k accumulated passes
+            instead of their mean (Horovod's
+            `average_aggregated_gradients=False`).
 
     Returns:
         A new instance of a subclass of `type(optimizer)`, built from
-        `optimizer.get_config()` (so wrap before training).
+        `optimizer.get_config()` (so wrap before training). Its class's
+        `from_config` makes further working copies.
 
     Raises:
         ValueError: for a bad `backward_passes_per_step`, an optimizer that
@@ -77,9 +115,18 @@ def wrap(optimizer, allreduce: Callable[[list], list], backward_passes_per_step:
                 f"The optimizer already accumulates gradient_accumulation_steps={own}, which "
                 f"disagrees with backward_passes_per_step={backward_passes_per_step}.")
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    distributed = _distributed_class(type(optimizer)).from_config(config)
-    distributed._tfdist_allreduce = allreduce
-    return distributed
+    return distributed_class(type(optimizer), allreduce, average_passes).from_config(config)
+
+
+def _scaled(g, factor):
+    """`g * factor` for a tensor or IndexedSlices (None stays None)."""
+    if g is None:
+        return g
+    import tensorflow as tf
+
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * factor, g.indices, dense_shape=g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
 
 
 def state_variables(model, optimizer=None) -> list:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tfdist.horovod.callbacks import LearningRateWarmup, warmup_learning_rate
+from tfdist.horovod.lr_callbacks import LearningRateWarmup, warmup_learning_rate
 
 
 @pytest.mark.parametrize("epoch, expected", [

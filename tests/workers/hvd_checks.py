@@ -21,7 +21,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfdist import horovod as thvd  # noqa: E402
-from tfdist.horovod import callbacks, runtime  # noqa: E402
+from tfdist.horovod import callbacks, lr_callbacks, runtime  # noqa: E402
 
 hvd = runtime.hvd()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -168,7 +168,7 @@ def metric_average():
 
 @check
 def warmup_uses_hvd_size():
-    cb = callbacks.LearningRateWarmup(0.1, warmup_epochs=1, steps_per_epoch=4)
+    cb = lr_callbacks.LearningRateWarmup(0.1, warmup_epochs=1, steps_per_epoch=4)
     cb.on_train_begin()
     assert cb.size == SIZE
 

@@ -15,20 +15,30 @@ an install hint when it is missing.
 """
 
 from tfdist.horovod.broadcast import broadcast_state, broadcast_variables
-from tfdist.horovod.optimizer import DistributedOptimizer
+from tfdist.horovod.optimizer import DistributedOptimizer, distributed_class
 from tfdist.horovod.runtime import INSTALL_HINT, is_available
+
+
+from tfdist.horovod.saving import load_model
+
+_CALLBACKS = ("BroadcastInitialState", "MetricAverage")
+_LR = ("LearningRateWarmup", "LearningRateWarmupCallback", "LearningRateScheduleCallback",
+       "warmup_learning_rate")
 
 
 def __getattr__(name):
     # Callbacks subclass keras.callbacks.Callback: import Keras only when asked.
-    if name in ("BroadcastInitialState", "MetricAverage", "LearningRateWarmup",
-                "warmup_learning_rate"):
+    if name in _CALLBACKS:
         from tfdist.horovod import callbacks
 
         return getattr(callbacks, name)
+    if name in _LR:
+        from tfdist.horovod import lr_callbacks
+
+        return getattr(lr_callbacks, name)
     raise AttributeError(name)
 
 
-__all__ = ["DistributedOptimizer", "broadcast_state", "broadcast_variables",
-           "BroadcastInitialState", "MetricAverage", "LearningRateWarmup",
-           "warmup_learning_rate", "INSTALL_HINT", "is_available"]
+__all__ = ["DistributedOptimizer", "distributed_class", "load_model",
+           "broadcast_state", "broadcast_variables",
+           *_CALLBACKS, *_LR, "INSTALL_HINT", "is_available"]

@@ -31,7 +31,7 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
         wire = _BITCAST.get(value.dtype.name)
         if wire:
             value = tf.bitcast(value, wire)
-        value = hvd.broadcast(value, root_rank, name=f"tfdist_bcast_{i}")
+        value = hvd.broadcast(value, root_rank, name=f"tfdist_bcast_{i}", ignore_name_scope=True)
         if wire:
             value = tf.bitcast(value, variable.dtype)
         variable.assign(value)

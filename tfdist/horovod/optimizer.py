@@ -8,9 +8,20 @@ with each rank's own gradients and says nothing (see
 
 Where the allreduce goes: see `tfdist.allreduce_optimizer` (shared with the
 shared-memory engine).
+
+Names: Horovod pairs the collectives of different ranks by name. Keras 3
+applies gradients inside a name scope of the optimizer's per-process name
+(`sgd`, `sgd_1`, ... in creation order; a loaded optimizer keeps its saved
+name), so a name scope would differ between ranks that created different
+numbers of optimizers, and the job would stall. Every collective here is
+named from what is equal on every rank, the optimizer's class (or the given
+`name`) and the gradient's position in the optimizer's variable order, and
+passes `ignore_name_scope=True`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from tfdist import allreduce_optimizer
 
@@ -18,11 +29,18 @@ OPS = ("average", "sum")
 COMPRESSIONS = ("none", "fp16")
 
 
+@dataclasses.dataclass(frozen=True)
 class _GradientAllreduce:
-    """Allreduces a list of gradients (dense tensors or IndexedSlices)."""
+    """Allreduces a list of gradients (dense tensors or IndexedSlices).
 
-    def __init__(self, op: str, compression: str, sparse_as_dense: bool):
-        self.op, self.compression, self.sparse_as_dense = op, compression, sparse_as_dense
+    Frozen (hashable, compared by value): it is the class attribute of the
+    distributed optimizer class, one class per set of options.
+    """
+
+    op: str = "average"
+    compression: str = "none"
+    sparse_as_dense: bool = False
+    prefix: str = ""
 
     def __call__(self, grads):
         import tensorflow as tf
@@ -38,32 +56,73 @@ class _GradientAllreduce:
             if g is None:
                 out.append(g)
                 continue
+            name = f"{self.prefix}_grad_{i}"
             if self.sparse_as_dense and isinstance(g, tf.IndexedSlices):
                 g = tf.convert_to_tensor(g)
-            # IndexedSlices stay sparse: horovod allgathers values and indices.
-            # Explicit names keep eager (custom-loop) calls matched across ranks.
-            out.append(hvd.allreduce(g, op=op, compression=compression,
-                                     name=f"tfdist_grad_{i}"))
+            if isinstance(g, tf.IndexedSlices):
+                g = self._sparse(hvd, g, name)
+            else:
+                g = hvd.allreduce(g, op=op, compression=compression, name=name,
+                                  ignore_name_scope=True)
+            out.append(g)
         return out
 
+    def _sparse(self, hvd, g, name):
+        # What hvd.allreduce does for IndexedSlices (allgather values and
+        # indices), but with explicit names: its own are taken from the
+        # tensors' graph names, which contain per-process layer names.
+        import tensorflow as tf
 
-def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",
-                         backward_passes_per_step: int = 1, sparse_as_dense: bool = False):
+        values = hvd.allgather(g.values, name=f"{name}_values", ignore_name_scope=True)
+        indices = hvd.allgather(g.indices, name=f"{name}_indices", ignore_name_scope=True)
+        if self.op == "average":
+            values = values / tf.cast(hvd.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
+
+
+def _spec(base: type, op: str, compression: str, sparse_as_dense: bool,
+          name: str | None) -> _GradientAllreduce:
+    """Checks the options and returns the allreduce they describe."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {list(OPS)}. Received: op={op!r}.")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {list(COMPRESSIONS)}. "
+                         f"Received: compression={compression!r}.")
+    if name is not None and (not isinstance(name, str) or not name or "/" in name):
+        raise ValueError("name must be a non-empty string without '/' (it prefixes the "
+                         f"all-reduce names, the same on every rank). Received: name={name!r}.")
+    prefix = name if name is not None else f"Distributed{base.__name__}"
+    return _GradientAllreduce(op, compression, bool(sparse_as_dense), prefix)
+
+
+def DistributedOptimizer(optimizer, name: str | None = None, *, op: str = "average",
+                         compression: str = "none", backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = True,
+                         sparse_as_dense: bool = False):
     """Wraps a Keras 3 optimizer so that gradients are allreduced before they apply.
 
     Modeled on Horovod's own `DistributedOptimizer`, for Keras 3. The returned
     optimizer is a new instance of a subclass of `type(optimizer)`, built from
-    `optimizer.get_config()` (so wrap before training, as with Horovod).
+    `optimizer.get_config()` (so wrap before training, as with Horovod). Its
+    `get_config()` is the plain optimizer's (a saved model loads anywhere),
+    and `type(opt).from_config(config)` returns another working distributed
+    optimizer with the same options.
 
     Args:
         optimizer: An unbuilt `keras.optimizers.Optimizer`.
+        name: Prefix of the all-reduce names, the same on every rank;
+            "Distributed" + the optimizer's class name when None (Horovod's
+            default).
         op: "average" (data parallelism: the mean gradient of the global
             batch) or "sum".
         compression: "none", or "fp16" to halve the bytes sent (values are
             cast to float16 for the allreduce and back).
         backward_passes_per_step: Accumulate this many local gradients
             (Keras 3's `gradient_accumulation_steps`) and allreduce and apply
-            their mean once; the optimizer updates every k-th call.
+            them once; the optimizer updates every k-th call.
+        average_aggregated_gradients: Apply the mean of the k accumulated
+            passes (the default here, as Keras 3 accumulates); False applies
+            their sum (Horovod's default).
         sparse_as_dense: Convert IndexedSlices (embedding gradients) to dense
             tensors before the allreduce; otherwise they are allgathered.
 
@@ -71,14 +130,25 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         The distributed optimizer.
 
     Raises:
-        ValueError: for an unknown op or compression, a bad
+        ValueError: for an unknown op or compression, a bad name or
             `backward_passes_per_step`, an optimizer that is already built or
             already distributed, or one whose own accumulation disagrees.
     """
-    if op not in OPS:
-        raise ValueError(f"op must be one of {list(OPS)}. Received: op={op!r}.")
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {list(COMPRESSIONS)}. "
-                         f"Received: compression={compression!r}.")
-    return allreduce_optimizer.wrap(optimizer, _GradientAllreduce(op, compression, sparse_as_dense),
-                                    backward_passes_per_step)
+    spec = _spec(type(optimizer), op, compression, sparse_as_dense, name)
+    return allreduce_optimizer.wrap(optimizer, spec, backward_passes_per_step,
+                                    average_aggregated_gradients)
+
+
+def distributed_class(base: type, name: str | None = None, *, op: str = "average",
+                      compression: str = "none", average_aggregated_gradients: bool = True,
+                      sparse_as_dense: bool = False) -> type:
+    """The class `DistributedOptimizer(base(...), ...)` returns, for `custom_objects`.
+
+    `keras.models.load_model(path, custom_objects={"SGD": distributed_class(
+    keras.optimizers.SGD)})` restores a saved SGD as a distributed one, with
+    its saved state; `tfdist.horovod.load_model` does this for every Keras
+    optimizer. Arguments as in `DistributedOptimizer` (the accumulation,
+    `backward_passes_per_step`, is part of the saved config).
+    """
+    spec = _spec(base, op, compression, sparse_as_dense, name)
+    return allreduce_optimizer.distributed_class(base, spec, average_aggregated_gradients)

@@ -119,7 +119,7 @@ class ProcessReplicaHooks(Hooks):
         out = self._engine_callbacks()
         if cfg.get("warmup_epochs"):
             # Goyal et al.'s ramp (the callback needs Horovod only when no size is given).
-            from tfdist.horovod.callbacks import LearningRateWarmup
+            from tfdist.horovod.lr_callbacks import LearningRateWarmup
 
             size = self.cluster.num_workers
             out.append(LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"], size=size))

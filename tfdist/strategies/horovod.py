@@ -61,7 +61,7 @@ class HorovodHooks(ProcessReplicaHooks):
 
         hvd = runtime.hvd()
         return hvd.allreduce(tf.cast(flag, tf.float32), op=hvd.Min,
-                             name="tfdist_all_finite") > 0.5
+                             name="tfdist_all_finite", ignore_name_scope=True) > 0.5
 
     def _engine_callbacks(self):
         from tfdist.horovod import callbacks
@@ -76,7 +76,7 @@ class HorovodHooks(ProcessReplicaHooks):
 
         hvd = runtime.hvd()
         total = hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=hvd.Sum,
-                              name="tfdist_preemption")
+                              name="tfdist_preemption", ignore_name_scope=True)
         return float(total) > 0
 
 
