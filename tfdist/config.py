@@ -34,6 +34,7 @@ FRAMEWORK_DEFAULTS: dict[str, Any] = {
     "deterministic": False,      # enable_op_determinism: bitwise repeatable runs
     "collective": "auto",        # multi_worker collective: auto | ring | nccl
     "collective_timeout_s": 300.0,  # a dead peer ends the job after this long
+    "startup_timeout_s": 300.0,  # multi_worker: a peer that never starts ends the job after this long
     "threads": 0,                # intra-op threads per process; 0: TensorFlow's choice
     # inter-op threads per process; 0: TensorFlow's choice. With --threads 1 a worker
     # still used ~1.5 cores through the inter-op pool (bench scaling); 1 makes it one.

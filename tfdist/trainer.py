@@ -89,6 +89,14 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
     if cfg["strategy"] in ("multi_worker", "horovod", "shm", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
+    if cfg["startup_timeout_s"] < 0:
+        raise ConfigError(f"startup_timeout_s must be >= 0 (0: wait for ever). Received: "
+                          f"{cfg['startup_timeout_s']}.")
+    if cluster.is_multi_worker and strategies.resolve_name(
+            cfg["strategy"], cluster, cfg["devices"] or None) == "multi_worker":
+        from tfdist.strategies import multi_worker
+
+        multi_worker.check_own_port(cluster)  # a busy port, before TensorFlow starts
     if cfg["strategy"] == "shm" and cluster.is_multi_worker:
         from tfdist.shm import runtime as shm_runtime
 
@@ -239,9 +247,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
 
     options = strategies.StrategyOptions(
         devices=cfg["devices"] or None, collective=cfg["collective"],
-        timeout_s=cfg["collective_timeout_s"], microbatches=cfg["microbatches"],
+        timeout_s=cfg["collective_timeout_s"], startup_timeout_s=cfg["startup_timeout_s"],
+        microbatches=cfg["microbatches"],
         placement=cfg["placement"])
     name = strategies.resolve_name(cfg["strategy"], cluster, options.devices, gpu_count())
+    if name == "multi_worker" and cluster.is_multi_worker:
+        print(f"tfdist: {cluster.task_type} {cluster.task_index}: starting; waiting up to "
+              f"{cfg['startup_timeout_s']:g} s (--startup-timeout-s) for the other workers",
+              flush=True)
     strategy = strategies.build_strategy(name, cluster, options)
     hooks = strategies.build_hooks(name, cluster, options)  # Horovod: ranks, shard, optimizer
     replicas = hooks.num_replicas(strategy)

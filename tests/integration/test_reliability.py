@@ -229,3 +229,107 @@ def test_corrupt_newest_backup_falls_back_and_a_new_epoch_length_is_refused_not_
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert metrics["global_step"] == 40 and len(metrics["history"]["loss"]) == 2
     assert os.path.exists(newest + ".corrupt")  # moved aside, never deleted
+
+
+def test_busy_port_without_launcher_ends_every_worker_within_the_startup_timeout(tmp_path):
+    import signal
+    import socket
+
+    from tfdist.launch import free_ports, worker_tf_configs
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(16)  # accepts connections, never answers: a foreign program
+    ports = [squatter.getsockname()[1], *free_ports(3)]
+    # Worker 0's port is busy; a lone worker of another job waits for a leader
+    # that never starts (ports[2], nothing listens) and is stopped with SIGTERM.
+    configs = [*worker_tf_configs(ports[:2]), worker_tf_configs([ports[2], ports[3]])[1]]
+    procs = []
+    try:
+        for i, cfg in enumerate(configs):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tfdist.train", "digits_mlp", "--strategy",
+                 "multi_worker", "--startup-timeout-s", "20", "--epochs", "1", "--verbose", "0",
+                 "--model-dir", str(tmp_path / f"m{min(i, 2)}")],
+                cwd=REPO, env=clean_env(TF_CONFIG=json.dumps(cfg)), text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        w0, w1, lone = procs
+        _, err0 = w0.communicate(timeout=120)
+        line = w1.stdout.readline()
+        while line and "waiting up to 20 s" not in line:
+            line = w1.stdout.readline()
+        assert line, w1.stderr.read()[-3000:]
+        w1_waiting = time.monotonic()
+        line = lone.stdout.readline()
+        while line and "waiting up to 20 s" not in line:
+            line = lone.stdout.readline()
+        assert line, lone.stderr.read()[-3000:]
+        lone.send_signal(signal.SIGTERM)
+        lone.communicate(timeout=10)  # at once: it waits in Python, not inside TensorFlow
+        _, err1 = w1.communicate(timeout=120)
+        w1_took = time.monotonic() - w1_waiting
+    finally:
+        squatter.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    address = f"127.0.0.1:{ports[0]}"
+    assert w0.returncode == exit_codes.CLUSTER, err0[-3000:]
+    assert f"error: worker 0 cannot listen on {address}: the port is in use" in err0
+    assert "HINT: " in err0 and "Traceback" not in err0
+    assert lone.returncode == -signal.SIGTERM
+    assert w1.returncode == exit_codes.PEER_LOST, err1[-3000:]
+    assert f"the coordination service at {address} within --startup-timeout-s 20" in err1
+    assert "Traceback" not in err1
+    assert w1_took < 20 * 3  # the start-up timeout, generously (a busy machine)
+
+
+def test_worker_whose_leader_never_starts_ends_naming_it():
+    from tfdist.errors import PeerLostError
+    from tfdist.launch import free_ports, worker_tf_configs
+    from tfdist.cluster import detect
+    from tfdist.strategies.multi_worker import wait_for_leader
+
+    cfg = worker_tf_configs(free_ports(2))[1]
+    info = detect({"TF_CONFIG": json.dumps(cfg)})
+    started = time.monotonic()
+    with pytest.raises(PeerLostError, match=rf"worker 0 \({cfg['cluster']['worker'][0]}\) "
+                                            "did not start within --startup-timeout-s 1"):
+        wait_for_leader(info, 1.0)
+    assert time.monotonic() - started < 10
+
+
+def test_ps_servers_exit_when_their_chief_dies_just_after_opening_its_port(tmp_path):
+    import signal
+
+    from tfdist.launch import free_ports, ps_tf_configs
+    from tfdist.ps import reachable
+
+    tasks = ps_tf_configs(1, 1, free_ports(3))
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tfdist.train", "digits_mlp", "--strategy", "parameter_server",
+         "--model-dir", str(tmp_path / "m"), "--verbose", "0"],
+        cwd=REPO, env=clean_env(TF_CONFIG=json.dumps(cfg)), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _, cfg in tasks]
+    chief, servers = procs[0], procs[1:]
+    chief_address = tasks[0][1]["cluster"]["chief"][0]
+    try:
+        deadline = time.monotonic() + 120
+        while not reachable(chief_address, 0.2):
+            assert time.monotonic() < deadline and chief.poll() is None, chief.stdout.read()
+            time.sleep(0.02)
+        chief.send_signal(signal.SIGKILL)  # as soon as its port is open
+        killed = time.monotonic()
+        outs = [p.communicate(timeout=60)[0] for p in servers]
+        took = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert took < 30, took
+    for (label, _), p, out in zip(tasks[1:], servers, outs):
+        assert p.returncode == 0, out[-3000:]
+        assert f"tfdist: {label}: the chief at {chief_address} " in out
+        assert "this task has nothing left to serve and exits" in out

@@ -22,3 +22,22 @@ def test_stale_segments_of_exited_creators_are_removed():
     finally:
         for name in (stale, live):
             comm.remove_segment(name)
+
+
+def test_a_silent_program_on_the_rendezvous_port_is_a_cluster_error_naming_it():
+    import socket
+
+    import pytest
+
+    from tfdist.errors import ClusterError
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(4)  # accepts, never answers
+    port = squatter.getsockname()[1]
+    try:
+        with pytest.raises(ClusterError, match=f"127.0.0.1:{port} accepted rank 1's connection "
+                                               "but sent no segment within 2 s"):
+            comm.Communicator(1, 2, ("127.0.0.1", port), timeout_s=2)
+    finally:
+        squatter.close()

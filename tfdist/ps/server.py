@@ -3,7 +3,9 @@
 A server has no training loop of its own: the coordinator sends it functions
 (workers) or keeps variables on it (ps). TensorFlow's `Server.join()` never
 returns, so a server whose coordinator died would wait forever; a watchdog
-thread ends it once the chief, seen up before, stops answering.
+thread ends it once the chief has not answered for a bounded time: CHIEF_GONE_S
+after it was last seen up, or CHIEF_START_S after this server started when it
+was never seen (a chief that died before, or just after, opening its port).
 """
 
 from __future__ import annotations
@@ -13,23 +15,32 @@ import sys
 import threading
 import time
 
-CHIEF_POLL_S = 2.0
-CHIEF_MISSES = 3  # consecutive refused connections before the chief counts as gone
+CHIEF_POLL_S = 1.0
+CHIEF_GONE_S = 6.0    # unreachable this long after it was up: finished or failed
+CHIEF_START_S = 15.0  # never reachable this long after this server started
+
+
+def chief_gone(now: float, started: float, last_seen: float | None) -> bool:
+    """Pure function: whether the chief counts as gone at `now` (monotonic seconds)."""
+    if last_seen is None:
+        return now - started >= CHIEF_START_S
+    return now - last_seen >= CHIEF_GONE_S
 
 
 def _watch_chief(address: str, label: str) -> None:
     from tfdist.ps import EXIT_LOST_CHIEF, reachable
 
-    seen, misses = False, 0
+    started, last_seen = time.monotonic(), None
     while True:
         time.sleep(CHIEF_POLL_S)
         if reachable(address):
-            seen, misses = True, 0
+            last_seen = time.monotonic()
             continue
-        misses += 1
-        if seen and misses >= CHIEF_MISSES:
-            print(f"tfdist: {label}: the chief at {address} has gone (finished or failed); "
-                  "this task has nothing left to serve and exits.", flush=True)
+        if chief_gone(time.monotonic(), started, last_seen):
+            what = ("has gone (finished or failed)" if last_seen is not None else
+                    f"did not answer within {CHIEF_START_S:g} s of this task starting")
+            print(f"tfdist: {label}: the chief at {address} {what}; this task has nothing "
+                  "left to serve and exits.", flush=True)
             sys.stdout.flush()
             os._exit(EXIT_LOST_CHIEF)  # join() cannot be interrupted otherwise
 

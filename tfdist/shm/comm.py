@@ -251,9 +251,17 @@ class Communicator:
                             peer="rank 0")
                     time.sleep(0.05)
             self._root.settimeout(max(0.1, deadline - time.monotonic()))
-            self._root.sendall(struct.pack("!7sii", _MAGIC, self.rank, self.size))
-            (length,) = struct.unpack("!i", _recv_exact(self._root, 4))
-            name = _recv_exact(self._root, length).decode()
+            try:
+                self._root.sendall(struct.pack("!7sii", _MAGIC, self.rank, self.size))
+                (length,) = struct.unpack("!i", _recv_exact(self._root, 4))
+                name = _recv_exact(self._root, length).decode()
+            except socket.timeout:
+                raise ClusterError(
+                    f"shared-memory rendezvous: {self.address[0]}:{self.address[1]} accepted "
+                    f"rank {self.rank}'s connection but sent no segment within "
+                    f"{self.timeout_s:.0f} s: another program may hold that port, or a rank "
+                    "never started.\nHINT: worker 0's address in TF_CONFIG must be a free port "
+                    "on this host (tfdist.launch picks one).") from None
             self._root.settimeout(None)
             self._shm = shared_memory.SharedMemory(name=name, create=False)
             _untrack(self._shm)

@@ -39,6 +39,8 @@ class StrategyOptions:
         ps_shards: parameter_server: split large variables into up to this many
             shards across the ps tasks (0 or 1: no partitioning).
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
+        startup_timeout_s: multi_worker: how long a worker waits for its peers
+            to come up (0: for ever).
     """
 
     devices: int | None = None
@@ -49,6 +51,7 @@ class StrategyOptions:
 
     ps_shards: int = 0
     min_shard_bytes: int = 256 << 10
+    startup_timeout_s: float = 300.0
 
 class Hooks:
     """What an adapter may change in the trainer; these defaults change nothing.

@@ -1,8 +1,26 @@
-"""`multi_worker`: one replica group across processes (MultiWorkerMirroredStrategy)."""
+"""`multi_worker`: one replica group across processes (MultiWorkerMirroredStrategy).
+
+Start-up is bounded: a busy port of this task is a ClusterError before
+TensorFlow starts; a worker waits for the coordination-service leader's port
+in Python, where SIGTERM still ends it at once, and then registers with a
+deadline (`cluster_register_timeout_in_ms`), so a peer that never comes ends
+the job within `startup_timeout_s` instead of blocking in
+`CoordinationServiceAgent::Connect` for ever.
+
+Inside TensorFlow's connect SIGTERM is still not acted on: building the
+strategy installs TensorFlow's C++ SIGTERM handler (`SigtermNotifier`, which
+only logs "SIGTERM caught") and then blocks holding the GIL, so no Python
+code (no handler, no watcher thread) can run until the deadline (measured:
+TF 2.21). That phase is bounded by `startup_timeout_s`, not by the signal.
+"""
 
 from __future__ import annotations
 
-from tfdist.errors import ConfigError
+import errno
+import socket
+import time
+
+from tfdist.errors import ClusterError, ConfigError, PeerLostError
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
@@ -25,21 +43,129 @@ def communication_options(collective: str, timeout_s: float | None):
         implementation=impl[collective], timeout_seconds=timeout_s or None)
 
 
+def own_address(cluster) -> str | None:
+    """'host:port' this task's TensorFlow server will listen on, if known."""
+    spec = (cluster.tf_config or {}).get("cluster", {})
+    tasks = spec.get(cluster.task_type, [])
+    return tasks[cluster.task_index] if cluster.task_index < len(tasks) else None
+
+
+def leader_address(cluster) -> str | None:
+    """'host:port' of the coordination-service leader: the chief, else worker 0."""
+    addresses = cluster.worker_addresses
+    return addresses[0] if addresses else None
+
+
+_HINT = ("HINT: every address in TF_CONFIG must be a free port on its host; pick free ports "
+         "(tfdist.launch does) or stop the program that holds it (ss -ltnp).")
+
+
+def check_own_port(cluster) -> None:
+    """Refuses a port another program already listens on (before TensorFlow starts).
+
+    TensorFlow's gRPC server binds every interface with SO_REUSEADDR, so the
+    probe does the same.
+
+    Raises:
+        ClusterError: naming host:port.
+    """
+    address = own_address(cluster)
+    if not cluster.is_multi_worker or not address:
+        return
+    host, _, port = address.rpartition(":")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", int(port)))
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            return  # not ours to judge (e.g. a port we may not bind): TensorFlow reports it
+        raise ClusterError(
+            f"{cluster.task_type} {cluster.task_index} cannot listen on {host}:{port}: the port "
+            f"is in use by another program.\n{_HINT}") from None
+    finally:
+        probe.close()
+
+
+def wait_for_leader(cluster, timeout_s: float, poll_s: float = 0.2) -> None:
+    """Non-leaders: waits until the leader's port accepts connections.
+
+    Raises:
+        PeerLostError: naming the leader when it does not within `timeout_s`.
+    """
+    address = leader_address(cluster)
+    if not cluster.is_multi_worker or not address or cluster.worker_index == 0:
+        return
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise PeerLostError(
+                    f"worker 0 ({address}) did not start within --startup-timeout-s "
+                    f"{timeout_s:g}: it may have failed, or never been started.\n{_HINT}",
+                    f"worker 0 ({address})") from None
+            time.sleep(poll_s)
+
+
+def _configure_coordination(tf, spec, timeout_s: float) -> None:
+    # The same service MultiWorkerMirroredStrategy configures for itself (it
+    # keeps one configured before it), plus a deadline for registering with it.
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is not None:
+        return
+    jobs = [j for j in ("chief", "worker") if j in spec.jobs]
+    from tensorflow.python.distribute.collective_all_reduce_strategy import (
+        coordination_config_pb2)
+
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+            name=j, num_tasks=spec.num_tasks(j)) for j in jobs],
+        cluster_register_timeout_in_ms=int(timeout_s * 1000))
+
+
 def build(cluster, options):
     """MultiWorkerMirroredStrategy for the discovered cluster.
 
     The cluster is handed to TensorFlow as a resolver built from
     `cluster.tf_config`, so discovery from SLURM needs no TF_CONFIG variable.
+
+    Raises:
+        ClusterError: when this task's server cannot start (a busy port).
+        PeerLostError: when the leader does not come up, or a worker does not
+            register, within `options.startup_timeout_s`.
     """
     import tensorflow as tf
 
     resolver = None
+    timeout_s = options.startup_timeout_s
     if cluster.tf_config is not None:
-        spec = {k: v for k, v in cluster.tf_config["cluster"].items()
-                if k in ("chief", "worker")}
+        spec = tf.train.ClusterSpec({k: v for k, v in cluster.tf_config["cluster"].items()
+                                     if k in ("chief", "worker")})
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(spec), task_type=cluster.task_type,
-            task_id=cluster.task_index, rpc_layer="grpc")
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver,
-        communication_options=communication_options(options.collective, options.timeout_s))
+            spec, task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer="grpc")
+        if cluster.is_multi_worker and timeout_s:
+            _configure_coordination(tf, spec, timeout_s)
+            wait_for_leader(cluster, timeout_s)
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver,
+            communication_options=communication_options(options.collective, options.timeout_s))
+    except tf.errors.DeadlineExceededError as e:
+        raise PeerLostError(
+            f"{cluster.task_type} {cluster.task_index}: the workers did not all register with "
+            f"the coordination service at {leader_address(cluster)} within "
+            f"--startup-timeout-s {timeout_s:g} ({str(e).splitlines()[0][:200]}).\n{_HINT}",
+            f"worker 0 ({leader_address(cluster)})") from None
+    except tf.errors.UnknownError as e:
+        if "Could not start gRPC server" not in str(e):
+            raise
+        raise ClusterError(f"{cluster.task_type} {cluster.task_index} cannot listen on "
+                           f"{own_address(cluster)}: {str(e).splitlines()[0][:200]}\n{_HINT}") from None
