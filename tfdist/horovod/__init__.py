@@ -9,6 +9,11 @@ which work on Keras 3, instead of `horovod.tensorflow.keras`, which does not
     optimizer = thvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
     model.compile(optimizer=optimizer, ...)
     model.fit(ds, callbacks=[thvd.BroadcastInitialState(0), thvd.MetricAverage()])
+    model = thvd.load_model("model.keras")   # the optimizer comes back distributed
+
+Learning-rate callbacks (`LearningRateWarmup`, and Horovod's
+`LearningRateWarmupCallback` / `LearningRateScheduleCallback` for Keras 3)
+are in `tfdist.horovod.lr_callbacks`.
 
 Nothing here imports Horovod until it is used; `runtime.require()` fails with
 an install hint when it is missing.
