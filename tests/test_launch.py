@@ -3,6 +3,8 @@
 import json
 import sys
 
+import pytest
+
 from tests.conftest import run_py
 
 from tfdist import launch
@@ -102,3 +104,43 @@ def test_help_documents_n_and_the_command_separator():
     assert proc.returncode == 0
     assert "synchronous workers to start" in text
     assert "Everything after '--' is COMMAND" in text and "--log-dir" in text
+
+
+@pytest.mark.parametrize("code, word", [(75, "preempted"), (4, "lost peer"), (130, "interrupted")])
+def test_tfdist_statuses_are_reported_by_name_and_passed_on(code, word):
+    script = ("import os, json, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+              f"sys.exit({code}) if i == 1 else time.sleep(60)")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-c", script],
+                  timeout=40)
+    assert proc.returncode == code
+    assert f"tfdist.launch: worker 1 {word} (exit code {code}); stopping" in proc.stderr
+
+
+def test_sigint_waits_for_workers_to_save_and_reports_each():
+    import signal
+    import subprocess
+
+    from tests.conftest import REPO, clean_env
+
+    # Each worker takes a while to "save" after SIGINT, then exits 130 as tfdist.train does.
+    script = ("import signal, sys, time\n"
+              "def stop(*_):\n"
+              "    time.sleep(1.5); print('saved', flush=True); sys.exit(130)\n"
+              "signal.signal(signal.SIGINT, stop)\n"
+              "print('ready', flush=True); time.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "tfdist.launch", "-n", "2", "--",
+                                 sys.executable, "-c", script], cwd=REPO, env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = 0
+        while ready < 2:
+            ready += launcher.stdout.readline().endswith("ready\n")
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, err
+    assert "[worker 0] saved" in out and "[worker 1] saved" in out  # not stopped mid-save
+    assert ("tfdist.launch: SIGINT: worker 0 interrupted (exit code 130), worker 1 interrupted "
+            "(exit code 130).") in err

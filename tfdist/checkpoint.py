@@ -168,6 +168,10 @@ class BackupStore:
                        if f.startswith(_PREFIX) and f.endswith(_SUFFIX))
         return [os.path.join(self.directory, f) for f in names]
 
+    def path_for(self, global_step: int) -> str:
+        """The file the backup of `global_step` is (or will be) written to."""
+        return os.path.join(self.directory, f"{_PREFIX}{global_step:010d}{_SUFFIX}")
+
     def latest(self) -> str | None:
         """The newest backup, or None."""
         paths = self.paths()
@@ -191,7 +195,7 @@ class BackupStore:
                   "optimizer_signature": signature(optimizer_vars),
                   "sha256": _digest(arrays)}
         arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
-        path = os.path.join(self.directory, f"{_PREFIX}{state.global_step:010d}{_SUFFIX}")
+        path = self.path_for(state.global_step)
         with atomic_path(path, suffix=_SUFFIX) as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)

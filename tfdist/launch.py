@@ -111,6 +111,17 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+# What a worker's tfdist exit status means, for the launcher's report.
+OUTCOMES = {exit_codes.INTERRUPTED: "interrupted", exit_codes.PREEMPTED: "preempted",
+            exit_codes.PEER_LOST: "lost peer"}
+SIGNAL_GRACE_S = 60.0  # after forwarding SIGINT/SIGTERM: time for workers to agree and save
+
+
+def describe_outcome(code: int) -> str:
+    """Pure function: 'interrupted (exit code 130)', 'failed (killed by SIGKILL)', ..."""
+    return f"{OUTCOMES.get(code, 'failed')} ({describe_exit(code)})"
+
+
 def log_file_name(label: str) -> str:
     """Pure function: 'worker-0.log' for the task labelled 'worker 0'."""
     return label.replace(" ", "-") + ".log"
@@ -152,6 +163,7 @@ class _TaskGroup:
         self.labels = [label for label, _ in tasks]
         self.procs, self._pumps, self._logs = [], [], []
         self.signalled: int | None = None  # SIGINT/SIGTERM received and forwarded
+        self.signalled_at, self.forced = 0.0, False
         launcher_pid = os.getpid()
         for label, cfg in tasks:
             log = lock = None
@@ -171,7 +183,10 @@ class _TaskGroup:
                 self._pumps.append(t)
 
     def _forward(self, signum, _frame):
-        self.signalled = signum
+        if self.signalled is not None:
+            self.forced = True  # a second Ctrl-C: stop now, do not wait for saves
+        else:
+            self.signalled, self.signalled_at = signum, time.monotonic()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -237,12 +252,22 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
         while True:
             codes = [p.poll() for p in procs]
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed and group.signalled is not None and not group.forced and (
+                    None in codes and time.monotonic() < group.signalled_at + SIGNAL_GRACE_S):
+                time.sleep(0.1)  # forwarded a stop: let every worker save and report itself
+                continue
             if failed:
                 i, failed_code = failed[0]
-                message = (f"tfdist.launch: worker {i} failed ({describe_exit(failed_code)}); "
-                           f"stopping the other {num_workers - 1} worker(s).")
+                if group.signalled is not None:
+                    outcomes = ", ".join(f"worker {j} {describe_outcome(c)}"
+                                         for j, c in enumerate(codes) if c is not None)
+                    message = (f"tfdist.launch: {signal.Signals(group.signalled).name}: "
+                               f"{outcomes}.")
+                else:
+                    message = (f"tfdist.launch: worker {i} {describe_outcome(failed_code)}; "
+                               f"stopping the other {num_workers - 1} worker(s).")
                 known = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PEER_LOST,
-                         exit_codes.PREEMPTED)
+                         exit_codes.PREEMPTED, exit_codes.INTERRUPTED)
                 status = failed_code if failed_code in known else 1
                 break
             if all(c == 0 for c in codes):

@@ -78,11 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     except PeerLostError as e:
         print(f"error: {e}", file=sys.stderr)
         code = exit_codes.PEER_LOST
+    except KeyboardInterrupt:  # Ctrl-C outside training (start-up, evaluation): no step to save
+        print("tfdist: interrupted outside training; nothing new saved; rerun to continue",
+              file=sys.stderr, flush=True)
+        code = exit_codes.INTERRUPTED
     except Exception as e:
         if type(e).__name__ != "Preempted":
             raise
         print(f"tfdist: {e}", file=sys.stderr, flush=True)
-        code = exit_codes.PREEMPTED
+        code = exit_codes.INTERRUPTED if e.interrupted else exit_codes.PREEMPTED
     if status_file:
         write_status(status_file, code)
     return code

@@ -7,9 +7,9 @@ strategy is built before any TensorFlow op runs, as TensorFlow requires.
 Fault tolerance: the chief backs the run up (every epoch, and every
 `save_every_steps`) to MODEL_DIR/backup; a rerun of the same command resumes
 from the newest backup at the same data position, so an interrupted and
-resumed run is the same math as an uninterrupted one. SIGTERM saves a backup
-at the next step boundary and raises `Preempted`; a lost peer raises
-`PeerLostError` naming it.
+resumed run is the same math as an uninterrupted one. SIGTERM (and SIGINT,
+Ctrl-C) saves a backup at the next agreed step boundary and raises
+`Preempted`; a lost peer raises `PeerLostError` naming it.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from tfdist.errors import ConfigError, PeerLostError
 
 
 class Preempted(Exception):
-    """Training stopped on SIGTERM after saving a backup."""
+    """Training stopped on SIGTERM, or SIGINT (`interrupted`), after saving a backup."""
 
-    def __init__(self, message: str, backup: str | None):
+    def __init__(self, message: str, backup: str | None, interrupted: bool = False):
         super().__init__(message)
         self.backup = backup
+        self.interrupted = interrupted
 
 
 @dataclasses.dataclass
@@ -174,7 +175,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         other workers write nothing there.
 
     Raises:
-        Preempted: after SIGTERM, once the backup is saved.
+        Preempted: after SIGTERM or SIGINT, once the backup is saved.
         PeerLostError: when another worker died or became unreachable.
         CheckpointError: when the backup to resume from is corrupt or foreign.
         ModelDirBusyError: when another job holds the model dir.
@@ -359,9 +360,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
         watcher.uninstall()
     wall = time.perf_counter() - start
     if backup_cb.preempted:
+        # Every worker stopped at the agreed step, where the chief saved.
+        path = backup_cb.last_path or store.path_for(state.global_step)
+        if watcher.interrupted:
+            raise Preempted(f"interrupted at step {state.global_step}; backup {path}; rerun to "
+                            "continue", path, interrupted=True)
         raise Preempted(f"preempted by signal {watcher.signum} at global step "
-                        f"{state.global_step}; backup {backup_cb.last_path or store.latest()}. "
-                        "Rerun the same command to continue.", backup_cb.last_path)
+                        f"{state.global_step}; backup {path}. "
+                        "Rerun the same command to continue.", path)
 
     evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
     metrics = {

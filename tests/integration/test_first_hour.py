@@ -44,3 +44,61 @@ def test_two_worker_run_through_a_pipe_is_quiet(tmp_path):
     assert sorted(os.listdir(log_dir)) == ["worker-0.log", "worker-1.log"]
     chief_log = (log_dir / "worker-0.log").read_text()
     assert chief_log.count("22/22 - ") == EPOCHS and "tfdist: test " in chief_log
+
+
+def _weights(path):
+    import keras
+
+    return keras.saving.load_model(path, compile=False).get_weights()
+
+
+def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    import numpy as np
+
+    from tests.conftest import REPO, clean_env
+
+    common = ["digits_mlp", "--epochs", "2", "--deterministic", "--threads", "1"]
+    baseline = run_py(["-m", "tfdist.train", *common, "--strategy", "single",
+                       "--model-dir", str(tmp_path / "base")])
+    assert baseline.returncode == 0, tail(baseline)
+    model_dir = str(tmp_path / "run")
+    # Worker 0 sleeps 150 ms a step so that the interrupt lands mid-run.
+    command = [sys.executable, "-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-m",
+               "tfdist.train", *common, "--strategy", "multi_worker", "--model-dir", model_dir,
+               "--save-every-steps", "4", "--straggler-delay-ms", "150"]
+    launcher = subprocess.Popen(command, cwd=REPO, env=clean_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    backup_dir = os.path.join(model_dir, "backup")
+    try:
+        deadline = time.monotonic() + 240
+        while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130, err[-3000:]
+    lines = [ln for ln in err.splitlines() if "interrupted at step" in ln]
+    assert sorted(ln.split("]")[0] for ln in lines) == ["[worker 0", "[worker 1"], err
+    step = int(lines[0].split("interrupted at step ")[1].split(";")[0])
+    assert all(f"interrupted at step {step}; backup " in ln and ln.endswith(
+        "; rerun to continue") for ln in lines)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "SIGINT: worker 0 interrupted (exit code 130), worker 1 interrupted (exit code " \
+           "130)" in err or "SIGINT: worker 1 interrupted (exit code 130), worker 0" in err
+    assert sorted(os.listdir(backup_dir))[-1] == f"ckpt-{step:010d}.npz" and 0 < step < 44
+    assert "metrics.json" not in os.listdir(model_dir)
+
+    rerun = run_py(command[1:])  # the same command again
+    assert rerun.returncode == 0, tail(rerun)
+    assert f"(global step {step})" in rerun.stdout
+    for a, b in zip(_weights(str(tmp_path / "base" / "model.keras")),
+                    _weights(os.path.join(model_dir, "model.keras"))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -65,7 +65,7 @@ def main():
 
         print(f"error: {e}", file=sys.stderr, flush=True)
         if isinstance(e, trainer.Preempted):
-            sys.exit(exit_codes.PREEMPTED)
+            sys.exit(exit_codes.INTERRUPTED if e.interrupted else exit_codes.PREEMPTED)
         if isinstance(e, PeerLostError):
             sys.exit(exit_codes.PEER_LOST)
         if isinstance(e, ConfigError):
