@@ -15,16 +15,20 @@ train_step (delete the ones you do not need; tfdist's defaults take over).
 This one learns a noisy linear 4-class problem it generates (no download).
 """
 
+from tfdist.option import Option  # pure Python: no TensorFlow
+
 DEFAULTS = dict(
     # Framework options you want different by default (any `--help` option):
     epochs=3,
     global_batch_size=64,
     learning_rate=0.1,
-    # Your own options: typed by their default, set with --num-examples 4096 etc.
-    num_examples=2048,
-    num_features=16,
+    # Your own options, set with --num-examples 4096 etc. An Option gives the meaning
+    # and range that `--help` shows and tfdist checks before TensorFlow starts; a plain
+    # value (like num_classes) is typed by its default and unchecked.
+    num_examples=Option(2048, "training examples generated (1/4 as many to test)", ge=4),
+    num_features=Option(16, "input features", ge=1),
     num_classes=4,
-    hidden_units=32,
+    hidden_units=Option(32, "units of the hidden layer", ge=1),
 )
 
 

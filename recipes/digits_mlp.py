@@ -17,13 +17,15 @@ Launch:
 import os
 import sys
 
+from tfdist.option import Option
+
 DEFAULTS = dict(
     epochs=10,
     global_batch_size=64,
     learning_rate=0.1,
-    hidden_units=64,
-    data_dir="",       # read TFRecords from here instead of scikit-learn's copy
-    test_fraction=0.2,
+    hidden_units=Option(64, "units of the hidden layer", ge=1),
+    data_dir=Option("", "read TFRecord shards from here instead of scikit-learn's copy"),
+    test_fraction=Option(0.2, "fraction of the digits held out for the test split", gt=0, lt=1),
 )
 
 NUM_FEATURES = 64

@@ -16,15 +16,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from tfdist.option import Option  # noqa: E402
+
 DEFAULTS = dict(
     strategy="model_parallel",
     devices=2,
     epochs=10,
     global_batch_size=64,
     learning_rate=0.1,
-    hidden_units=128,
-    hidden_layers=3,
-    test_fraction=0.2,
+    hidden_units=Option(128, "units of each hidden layer", ge=1),
+    hidden_layers=Option(3, "hidden Dense layers", ge=1, le=1000),
+    test_fraction=Option(0.2, "fraction of the digits held out for the test split", gt=0, lt=1),
 )
 
 

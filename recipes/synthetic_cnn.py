@@ -10,16 +10,19 @@ Launch:
     python -m tfdist.launch -n 2 -- python -m tfdist.train synthetic_cnn --strategy multi_worker
 """
 
+from tfdist.option import Option
+
 DEFAULTS = dict(
     epochs=3,
     global_batch_size=64,
     learning_rate=0.05,
     momentum=0.9,
-    num_examples=2048,
-    num_classes=8,
-    image_size=32,
-    filters=32,
-    noise=0.3,
+    num_examples=Option(2048, "training images generated (a test set of 1/8, at least 64)",
+                        ge=1, le=10_000_000),
+    num_classes=Option(8, "classes (a bar's position and orientation)", ge=2, le=16),
+    image_size=Option(32, "image height and width in pixels", ge=16, le=1024),
+    filters=Option(32, "filters of the first convolutions", ge=1, le=4096),
+    noise=Option(0.3, "standard deviation of the pixel noise", ge=0),
 )
 
 

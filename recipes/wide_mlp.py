@@ -12,15 +12,18 @@ Launch:
         --global-batch-size 256 --threads 1
 """
 
+from tfdist.option import Option
+
 DEFAULTS = dict(
     epochs=1,
     global_batch_size=128,
     learning_rate=0.01,
-    num_examples=1024,
-    input_dim=2560,
-    hidden_units=1024,
-    hidden_layers=3,
-    num_classes=10,
+    num_examples=Option(1024, "training examples generated (a test set of 1/8, at least 128)",
+                        ge=1, le=10_000_000),
+    input_dim=Option(2560, "input features", ge=1, le=1_000_000),
+    hidden_units=Option(1024, "units of each hidden layer", ge=1, le=1_000_000),
+    hidden_layers=Option(3, "hidden Dense layers", ge=1, le=1000),
+    num_classes=Option(10, "classes", ge=2, le=100_000),
 )
 
 

@@ -47,6 +47,34 @@ def clean_env(**extra) -> dict:
     return env
 
 
+def override(args: list[str], *extra: str) -> list[str]:
+    """`args` + `extra`, where an option in `extra` replaces the same option in `args`.
+
+    tfdist refuses an option given twice, so a test's variant of a common
+    command line must not just append. Options are `--key value`, `--key=value`
+    or a bare `--flag`; other tokens (a recipe, a script's own arguments) stay.
+    """
+    def split(tokens):
+        items, i = [], 0
+        while i < len(tokens):
+            token = tokens[i]
+            has_value = (token.startswith("--") and "=" not in token and i + 1 < len(tokens)
+                         and not tokens[i + 1].startswith("--"))
+            key = token.split("=")[0] if token.startswith("--") else None
+            items.append((key, tokens[i:i + 2] if has_value else [token]))
+            i += 2 if has_value else 1
+        return items
+
+    def key_of(key):  # --no-flag and --flag are the same option
+        return key[5:] if key and key.startswith("--no-") else key and key[2:]
+
+    new = split(list(extra))
+    replaced = {key_of(k) for k, _ in new if k}
+    kept = [t for k, tokens in split(list(args)) if not (k and key_of(k) in replaced)
+            for t in tokens]
+    return kept + [t for _, tokens in new for t in tokens]
+
+
 def run_py(args: list[str], timeout: float = 240, env: dict | None = None,
            cwd: str | None = None) -> subprocess.CompletedProcess:
     """Runs `python ARGS` in a subprocess and returns the completed process."""

@@ -27,14 +27,25 @@ def test_sgd_gets_momentum_and_plain_lr():
 
 def test_unknown_optimizer_lists_valid_ones():
     with pytest.raises(ConfigError, match=r"Unknown optimizer 'sgdd'\. Valid: \[.*'lamb'.*'sgd'"):
-        optim.build_optimizer(_cfg(optimizer="sgdd"), 0.1)
+        optim.build_optimizer({**_cfg(), "optimizer": "sgdd"}, 0.1)  # library use, no CLI check
+    with pytest.raises(ConfigError, match=r"--optimizer must be one of sgd, adam, .*Received: "
+                                          r"--optimizer 'sgdd'"):
+        _cfg(optimizer="sgdd")
 
 
 @pytest.mark.parametrize("over, message", [
-    ({"accumulate": 0}, r"accumulate must be >= 1\. Received: accumulate=0"),
-    ({"clipnorm": -1}, r"clipnorm must be >= 0"),
-    ({"precision": "fp8"}, r"Unknown precision 'fp8'; valid: \['float32', 'mixed_float16', "),
+    ({"accumulate": 0}, r"--accumulate must be >= 1\. Received: --accumulate 0"),
+    ({"clipnorm": -1}, r"--clipnorm must be >= 0"),
+    ({"precision": "fp8"}, r"--precision must be one of float32, mixed_float16, mixed_bfloat16\. "
+                           r"Received: --precision 'fp8'"),
+    ({"lr_schedule": "noam"}, r"lr schedule 'noam' needs --warmup-steps > 0"),
 ])
 def test_bad_options(over, message):
     with pytest.raises(ConfigError, match=message):
         optim.check(_cfg(**over))
+
+
+def test_optimizer_choices_are_keras_optimizers():
+    # --optimizer is checked against a fixed list before Keras is imported; it must not
+    # name a class the supported Keras lacks.
+    assert set(config.OPTIMIZERS) <= set(optim.optimizer_classes())

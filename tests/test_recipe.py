@@ -17,17 +17,18 @@ def test_load_by_path():
 
 
 def test_unknown_recipe_lists_available():
-    with pytest.raises(ConfigError, match=r"Recipe 'digitz' not found\. Available recipes: "
+    with pytest.raises(ConfigError, match=r"recipe 'digitz': not found\. Available recipes: "
                                           r"\[.*'digits_mlp'"):
         recipe.load("digitz")
-    with pytest.raises(ConfigError, match=r"Recipe file 'nope/x\.py' does not exist"):
+    with pytest.raises(ConfigError, match=r"recipe nope/x\.py: no such file"):
         recipe.load("nope/x.py")
 
 
 def test_recipe_missing_members(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text("DEFAULTS = {}\n")
-    with pytest.raises(ConfigError, match=r"missing \['build_model', 'build_dataset'\]"):
+    with pytest.raises(ConfigError, match=r"recipe .*bad\.py: missing \['build_model', "
+                                          r"'build_dataset'\]"):
         recipe.load(str(path))
 
 
@@ -38,3 +39,114 @@ def test_fit_only_hooks_are_refused_for_parameter_server():
                                           "parameter_server has its own training loop"):
         recipe_lib.check_hooks_for_own_loop(template, "parameter_server")
     recipe_lib.check_hooks_for_own_loop(recipe_lib.load("digits_mlp"), "parameter_server")
+
+
+GOOD = "def build_model(cfg): pass\ndef build_dataset(cfg, split): pass\n"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("DEFAULTS = {\n  'a': 1,,\n}\n" + GOOD, r"recipe {f}: syntax error at line 2: invalid syntax\."),
+    ("import no_such_module_xyz\nDEFAULTS = {}\n" + GOOD,
+     r"recipe {f}: importing it failed \(line 1\): ModuleNotFoundError: No module named "
+     r"'no_such_module_xyz'\."),
+    ("DEFAULTS = {}\nraise SystemExit(3)\n" + GOOD, r"recipe {f}: importing it failed \(line 2\): "
+                                                    r"SystemExit: 3\."),
+    ("DEFAULTS = [('epochs', 2)]\n" + GOOD, r"recipe {f}: DEFAULTS must be a dict of option "
+                                            r"values\. Received: list\."),
+    ("DEFAULTS = {}\nbuild_model = 3\ndef build_dataset(cfg, split): pass\n",
+     r"recipe {f}: build_model must be a function\. Received: int\."),
+    ("DEFAULTS = {'epochs': '2'}\n" + GOOD, None),  # checked when merged, see below
+])
+def test_every_load_failure_is_one_config_error(tmp_path, source, message):
+    path = tmp_path / "r.py"
+    path.write_text(source)
+    if message is None:
+        from tfdist import config
+
+        module = recipe.load(str(path))
+        with pytest.raises(ConfigError, match=r"recipe r sets DEFAULTS: --epochs must be an "
+                                              r"integer, not str"):
+            config.merge(module.DECLARED, [], "recipe r")
+        return
+    with pytest.raises(ConfigError) as e:
+        recipe.load(str(path))
+    import re
+
+    assert re.fullmatch(message.format(f=re.escape(str(path))), str(e.value)), str(e.value)
+
+
+def test_paths_that_are_not_recipe_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"recipe .*notes\.txt: not a \.py file"):
+        recipe.load(str(tmp_path / "notes.txt"))
+    with pytest.raises(ConfigError, match=r"recipe .*: is a directory; pass a recipe \.py file"):
+        recipe.load(str(tmp_path))
+    (tmp_path / "d.py").mkdir()
+    with pytest.raises(ConfigError, match=r"recipe .*d\.py: is a directory"):
+        recipe.load(str(tmp_path / "d.py"))
+
+
+def test_declared_recipe_defaults_are_plain_values_after_load():
+    module = recipe.load("digits_mlp")
+    assert module.DEFAULTS["hidden_units"] == 64
+    assert module.DECLARED["hidden_units"].ge == 1
+
+
+# What a recipe returns is checked once TensorFlow runs, naming the recipe function
+# (with --steps-per-epoch the test split is the first one built).
+BAD_RETURNS = {
+    "batched": ("ds = base.build_dataset(cfg, split).batch(8)",
+                "build_dataset(cfg, split) yields x of shape (None, 64), but build_model(cfg) "
+                "takes examples of shape (64,): the dataset looks already batched."),
+    "arrays": ("ds = base.load_arrays()[0 if split == 'train' else 1]",
+               "build_dataset(cfg, 'test') must return a tf.data.Dataset (or "
+               "tfdist.data.Source) of unbatched (x, y) examples. Received: tuple."),
+    "x_only": ("ds = base.build_dataset(cfg, split).map(lambda x, y: x)",
+               "build_dataset(cfg, 'test') must yield (x, y) or (x, y, sample_weight) tuples."),
+}
+RECIPE_TEMPLATE = """
+import os, sys
+sys.path.insert(0, {recipes!r})
+import digits_mlp as base
+DEFAULTS = dict(base.DEFAULTS)
+build_model = {build_model}
+def compile_kwargs(cfg):
+    return {compile_kwargs}
+def build_dataset(cfg, split):
+    {dataset}
+    return ds
+"""
+
+
+def test_bad_recipe_returns_are_named_errors(tmp_path):
+    from tests.conftest import run_py
+
+    cases = []
+    for name, (dataset, message) in BAD_RETURNS.items():
+        cases.append((name, dict(dataset=dataset), message))
+    cases.append(("optimizer", dict(compile_kwargs="dict(base.compile_kwargs(cfg), "
+                                                   "optimizer='adam')"),
+                  "compile_kwargs(cfg) returned an 'optimizer'; tfdist compiles with the optimizer"))
+    cases.append(("not_model", dict(build_model="lambda cfg: 'a model'"),
+                  "build_model(cfg) must return a keras.Model. Received: str."))
+    paths = []
+    for name, parts, _ in cases:
+        parts = {"dataset": "ds = base.build_dataset(cfg, split)",
+                 "build_model": "base.build_model", "compile_kwargs": "base.compile_kwargs(cfg)",
+                 **parts}
+        path = tmp_path / f"{name}.py"
+        path.write_text(RECIPE_TEMPLATE.format(recipes=recipe.RECIPES_DIR, **parts))
+        paths.append(str(path))
+    probe = ("import sys; from tfdist.train import main\n"
+             "for p in sys.argv[1:]:\n"
+             "    print('RC', main([p, '--epochs', '1', '--steps-per-epoch', '1', '--verbose', "
+             "'0', '--model-dir', p + '.out']), flush=True)\n"
+             "    print('END', file=sys.stderr, flush=True)\n")
+    proc = run_py(["-c", probe, *paths], timeout=300)
+    codes = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RC")]
+    errors = proc.stderr.split("END\n")
+    assert len(codes) == len(cases), proc.stderr[-3000:]
+    for (name, _, message), path, code, err in zip(cases, paths, codes, errors):
+        assert code == "2", (name, err[-2000:])
+        assert f"error: recipe {path}: " in err and message in err, (name, err[-2000:])
+        assert "Traceback" not in err, (name, err[-2000:])

@@ -1,108 +1,201 @@
-"""Run configuration: framework defaults, recipe defaults, typed CLI overrides.
+"""Run configuration: one declaration per option, recipe defaults, CLI overrides.
 
 Pure Python (no TensorFlow), so that every bad flag fails in milliseconds.
-Like nanoGPT's configurator: a recipe's DEFAULTS extend and override the
-framework's; `--key value` overrides are parsed with the type of the default;
-an unknown key is an error that lists the known ones.
+Each option is declared once below (`Option`: default, meaning, allowed
+values, strategies it applies to); the declaration types the `--key value`
+parsing, validates every value (from the command line or a recipe's
+DEFAULTS) and writes `--help`. Like nanoGPT's configurator, a recipe's
+DEFAULTS extend and override the framework's; an unknown key is an error
+(with a did-you-mean), and so is a key given twice.
+
+Adding an option is one line in OPTIONS; the merged config is a dict read as
+`cfg["key"]`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Mapping
 
+from tfdist.data import SCALING_RULES
 from tfdist.errors import ConfigError
+from tfdist.optim import PRECISIONS
+from tfdist.option import BOOL_WORDS, Option, flag
+from tfdist.schedules import DECAYS
+from tfdist.strategies import valid_names
+from tfdist.strategies.multi_worker import IMPLEMENTATIONS
 
-# Options every recipe has. A recipe's DEFAULTS may change these values.
-FRAMEWORK_DEFAULTS: dict[str, Any] = {
-    # auto | single | mirrored | multi_worker | shm | horovod | parameter_server | model_parallel | pipeline
-    "strategy": "auto",
-    "epochs": 5,
-    "global_batch_size": 64,     # examples per optimizer step, all replicas together
-    "learning_rate": 0.05,
-    "lr_scaling": "none",        # none | linear | sqrt, relative to base_batch_size
-    "base_batch_size": 0,        # batch the learning rate was tuned for (0: global_batch_size)
-    "optimizer": "sgd",          # any keras.optimizers name: sgd, adam, adamw, lamb, ...
-    "momentum": 0.0,             # for optimizers that take it (sgd, rmsprop)
-    "warmup_steps": 0,           # linear LR warmup over this many optimizer steps
-    "lr_schedule": "constant",   # constant | inverse_sqrt (= noam): decay after warmup
-    "clipnorm": 0.0,             # clip by global norm, after the cross-replica reduction
-    "accumulate": 1,             # gradient accumulation: update every K micro-batches
-    "precision": "float32",      # float32 | mixed_float16 (loss-scaled) | mixed_bfloat16
-    "seed": 0,
-    "devices": 0,                # local replicas (logical CPUs without GPUs); 0: all/auto
-    "model_dir": "",             # default: runs/RECIPE/STRATEGY[-Nw][-Ndev] (tfdist.run_dir)
-    "deterministic": False,      # enable_op_determinism: bitwise repeatable runs
-    "collective": "auto",        # multi_worker collective: auto | ring | nccl
-    "collective_timeout_s": 300.0,  # a dead peer ends the job after this long
-    "startup_timeout_s": 300.0,  # multi_worker: a peer that never starts ends the job after this long
-    "threads": 0,                # intra-op threads per process; 0: TensorFlow's choice
-    # inter-op threads per process; 0: TensorFlow's choice. With --threads 1 a worker
-    # still used ~1.5 cores through the inter-op pool (bench scaling); 1 makes it one.
-    "inter_op_threads": 0,
-    "shuffle_buffer": 0,         # 0: no shuffling (keeps runs comparable)
-    "steps_per_epoch": 0,        # 0: one pass over the data
-    # Keras progress (chief only): 0 none, 1 bars, 2 one line per epoch; auto: bars on
-    # a terminal, epoch lines in a pipe or file (launcher, Slurm), where bars are escape codes.
-    "verbose": "auto",
-    "tf_logs": False,            # show TensorFlow's C++ start-up lines (or TFDIST_TF_LOGS=1)
-    "resume": True,              # resume from MODEL_DIR/backup if it holds a backup
-    "keep": 3,                   # backups kept in MODEL_DIR/backup
-    "save_every_steps": 0,       # also back up mid-epoch every N steps (0: epoch ends only)
-    "preempt_check_steps": 0,    # steps between workers' agreement on a SIGTERM (0: auto)
-    "csv_log": True,             # chief writes MODEL_DIR/history.csv each epoch
-    "tensorboard": False,        # chief writes TensorBoard logs to MODEL_DIR/logs
-    # The chief writes its exit status here (atomically) before exiting: launchers
-    # that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
-    "status_file": "",
-    "microbatches": 1,           # pipeline: micro-batches per batch (GPipe)
-    "placement": "",             # model_parallel/pipeline: "a,b=/cpu:0;c=/cpu:1" (default: even split)
-    "warmup_epochs": 0.0,        # horovod, shm: ramp lr from lr/size up to lr over these epochs
-    "straggler_delay_ms": 0,     # sleep this long in every step of one worker (sync vs async)
-    "straggler_worker": 0,       # which training worker sleeps (its index among the workers)
-    "ps_shards": 0,              # parameter_server: variable partitioning (>1 refused: Keras 3)
-    "min_shard_bytes": 262144,   # parameter_server: smallest variable shard
+OPTIMIZERS = ("sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "ftrl",
+              "lamb", "lion", "muon", "nadam", "rmsprop")  # keras.optimizers classes by name
+# Sync strategies that keep TensorFlow's collectives (a timeout ends a dead peer's wait).
+_TIMEOUT_STRATEGIES = ("multi_worker", "shm")
+
+# Options every recipe has. A recipe's DEFAULTS may change their defaults.
+OPTIONS: dict[str, Option] = {
+    "strategy": Option("auto", "how to train (auto: horovod under horovodrun, parameter_server "
+                       "with ps tasks, multi_worker on a cluster, mirrored with several local "
+                       "devices, else single)", choices=tuple(valid_names())),
+    "epochs": Option(5, "passes over the training data", ge=1),
+    "global_batch_size": Option(64, "examples per optimizer step, all replicas together "
+                                "(must divide by the replica count)", ge=1),
+    "learning_rate": Option(0.05, "learning rate (before --lr-scaling)", gt=0),
+    "lr_scaling": Option("none", "scale the learning rate with the batch, relative to "
+                         "--base-batch-size", choices=SCALING_RULES),
+    "base_batch_size": Option(0, "batch the learning rate was tuned for (0: "
+                              "--global-batch-size)", ge=0),
+    "optimizer": Option("sgd", "a keras.optimizers class, by lower-case name",
+                        choices=OPTIMIZERS),
+    "momentum": Option(0.0, "momentum, for optimizers that take it (sgd, rmsprop)",
+                       ge=0, le=1),
+    "warmup_steps": Option(0, "linear learning-rate warmup over this many optimizer steps",
+                           ge=0),
+    "lr_schedule": Option("constant", "decay after the warmup (inverse_sqrt = noam needs "
+                          "--warmup-steps)", choices=DECAYS),
+    "clipnorm": Option(0.0, "clip by global norm, after the cross-replica reduction (0: off)",
+                       ge=0),
+    "accumulate": Option(1, "gradient accumulation: one update every K global batches", ge=1),
+    "precision": Option("float32", "float32, or mixed precision (float16 gets loss scaling)",
+                        choices=PRECISIONS),
+    "seed": Option(0, "random seed (weights, shuffling)", ge=0, le=2**32 - 1),
+    "devices": Option(0, "local replicas: GPUs, else the CPU split into N logical devices "
+                      "(0: all/auto)", ge=0, le=1024,
+                      strategies=("mirrored", "model_parallel", "pipeline")),
+    "model_dir": Option("", "where the chief writes model, metrics, backups (default: "
+                        "runs/RECIPE/STRATEGY[-Nw][-Ndev], see tfdist.run_dir)"),
+    "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
+    "collective": Option("auto", "MultiWorkerMirroredStrategy collective implementation",
+                         choices=IMPLEMENTATIONS, strategies=("multi_worker",)),
+    "collective_timeout_s": Option(300.0, "seconds after which a dead peer ends the job",
+                                   gt=0, strategies=_TIMEOUT_STRATEGIES),
+    "startup_timeout_s": Option(300.0, "seconds a worker waits for its peers to start before "
+                                "the job ends (0: for ever)", ge=0,
+                                strategies=("multi_worker",)),
+    "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
+                      ge=0, le=4096),
+    # With --threads 1 a worker still used ~1.5 cores through the inter-op pool
+    # (bench scaling); 1 makes it one.
+    "inter_op_threads": Option(0, "inter-op threads per process (0: TensorFlow's choice)",
+                               ge=0, le=4096),
+    "shuffle_buffer": Option(0, "shuffle buffer in examples (0: no shuffling, keeps runs "
+                             "comparable)", ge=0),
+    "steps_per_epoch": Option(0, "optimizer steps per epoch (0: one pass over the data)",
+                              ge=0),
+    # Bars are escape codes in a pipe or file (launcher, Slurm), hence auto.
+    "verbose": Option("auto", "Keras progress on the chief: 0 none, 1 bars, 2 one line per "
+                      "epoch; auto: bars on a terminal, epoch lines otherwise",
+                      choices=("auto", "0", "1", "2")),
+    "tf_logs": Option(False, "show TensorFlow's C++ start-up lines (or TFDIST_TF_LOGS=1)"),
+    "resume": Option(True, "resume from MODEL_DIR/backup if it holds a backup"),
+    "keep": Option(3, "backups kept in MODEL_DIR/backup", ge=1),
+    "save_every_steps": Option(0, "also back up mid-epoch every N steps (0: epoch ends only)",
+                               ge=0),
+    "preempt_check_steps": Option(0, "steps between workers' agreement on a SIGTERM (0: auto)",
+                                  ge=0),
+    "csv_log": Option(True, "the chief writes MODEL_DIR/history.csv each epoch"),
+    "tensorboard": Option(False, "the chief writes TensorBoard logs to MODEL_DIR/logs"),
+    # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
+    "status_file": Option("", "the chief writes its exit status here (atomically) before "
+                          "exiting"),
+    "microbatches": Option(1, "micro-batches per batch (GPipe)", ge=1,
+                           strategies=("pipeline",)),
+    "placement": Option("", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
+                        "an even split over --devices)", strategies=("model_parallel", "pipeline")),
+    # Which strategies take it is decided by their hooks (trainer.check_before_tensorflow).
+    "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "
+                            "over these epochs", ge=0),
+    "straggler_delay_ms": Option(0, "benchmarks: one worker sleeps this long in every step",
+                                 ge=0, le=3_600_000),
+    "straggler_worker": Option(0, "benchmarks: which training worker sleeps (its index "
+                               "among the workers)", ge=0),
+    "ps_shards": Option(0, "variable partitioning over the ps tasks (>1 refused: Keras 3)",
+                        ge=0, strategies=("parameter_server",)),
+    "min_shard_bytes": Option(262144, "smallest variable shard", ge=1,
+                              strategies=("parameter_server",)),
 }
+for _name, _option in OPTIONS.items():
+    _option.name = _name
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _convert(key: str, raw: str, default: Any) -> Any:
-    kind = type(default)
-    try:
-        if kind is bool:
-            low = raw.lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError
-        if kind is int:
-            return int(raw)
-        if kind is float:
-            return float(raw)
-    except ValueError:
-        raise ConfigError(f"--{key.replace('_', '-')} expects a {kind.__name__} "
-                          f"(default {default!r}). Received: {raw!r}.") from None
-    return raw
+# The defaults as a plain dict, for code that reads them.
+FRAMEWORK_DEFAULTS: dict[str, Any] = {name: o.default for name, o in OPTIONS.items()}
 
 
-def parse_overrides(argv: list[str], defaults: dict[str, Any],
+class Config(dict):
+    """The merged configuration: a dict (`cfg["epochs"]`) that also knows each
+    option's declaration and which keys the command line set.
+
+    Attributes:
+        options: The declaration of every key.
+        given: Keys set on the command line (checked against the strategy).
+    """
+
+    def __init__(self, values: Mapping[str, Any], options: Mapping[str, Option],
+                 given=()):
+        super().__init__(values)
+        self.options = dict(options)
+        self.given = frozenset(given)
+
+
+def declarations(recipe_defaults: Mapping[str, Any], context: str) -> dict[str, Option]:
+    """Framework declarations with a recipe's DEFAULTS applied.
+
+    A recipe DEFAULTS entry is either a plain value (a new default for a
+    framework option, or a new recipe option typed by its value) or an
+    `Option` declaring a recipe option with its meaning and range.
+
+    Raises:
+        ConfigError: for a value of the wrong type or out of range, naming the recipe.
+    """
+    if not isinstance(recipe_defaults, Mapping):
+        raise ConfigError(f"{context}: DEFAULTS must be a dict of option values. "
+                          f"Received: {type(recipe_defaults).__name__}.")
+    out = dict(OPTIONS)
+    for key, value in recipe_defaults.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"{context}: DEFAULTS keys must be identifiers like 'hidden_units'."
+                              f" Received: {key!r}.")
+        if key in OPTIONS:
+            if isinstance(value, Option):
+                raise ConfigError(f"{context}: DEFAULTS[{key!r}] re-declares tfdist's option "
+                                  f"{flag(key)}; give it a plain value.")
+            base = OPTIONS[key]
+            out[key] = _replace(base, default=base.check(value, f"{context} sets DEFAULTS"))
+            continue
+        option = value if isinstance(value, Option) else Option(value)
+        if type(option.default) not in (bool, int, float, str):
+            raise ConfigError(f"{context}: DEFAULTS[{key!r}] must be a bool, int, float or "
+                              f"str. Received: {type(option.default).__name__}.")
+        option = _replace(option, name=key)
+        option.check(option.default, f"{context} sets DEFAULTS")
+        out[key] = option
+    return out
+
+
+def _replace(option: Option, **changes) -> Option:
+    import dataclasses
+
+    return dataclasses.replace(option, **changes)
+
+
+def parse_overrides(argv: list[str], defaults: Mapping[str, Any],
                     context: str = "this recipe") -> dict[str, Any]:
     """Parses `--key value`, `--key=value`, `--flag` and `--no-flag` tokens.
 
     Args:
         argv: Tokens after the recipe name.
-        defaults: Known keys and their defaults (their types type the values).
+        defaults: Known keys, each an `Option` or a plain default (typed by its value).
         context: Named in errors, e.g. "recipe digits_mlp".
 
     Returns:
-        Only the overridden keys, with typed values.
+        Only the overridden keys, with typed, validated values.
 
     Raises:
-        ConfigError: for an unknown key, a missing value or a bad type.
+        ConfigError: for an unknown or repeated key, a missing value, a bad
+            type or a value out of range.
     """
+    options = {k: _replace(v if isinstance(v, Option) else Option(v), name=k)
+               for k, v in defaults.items()}
     out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -111,68 +204,111 @@ def parse_overrides(argv: list[str], defaults: dict[str, Any],
         name, has_eq, raw = token[2:].partition("=")
         key = name.replace("-", "_")
         negated = False
-        if key not in defaults and key.startswith("no_") and isinstance(
-                defaults.get(key[3:]), bool) and not has_eq:
+        if key not in options and key.startswith("no_") and not has_eq and (
+                key[3:] in options and options[key[3:]].kind is bool):
             key, negated = key[3:], True
-        if key not in defaults:
-            known = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(defaults))
-            raise ConfigError(f"Unknown option --{name} for {context}. Known options: {known}.")
-        default = defaults[key]
+        if key not in options:
+            raise ConfigError(_unknown(name, options, context))
+        option = options[key]
         if negated:
-            out[key] = False
-            i += 1
-            continue
-        if not has_eq:
+            value, i = False, i + 1
+        elif has_eq:
+            value, i = option.parse(raw), i + 1
+        else:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if isinstance(default, bool) and (nxt is None or nxt.lower() not in _TRUE | _FALSE):
-                out[key] = True
-                i += 1
-                continue
-            if nxt is None or (nxt.startswith("--") and not _looks_negative(nxt)):
-                raise ConfigError(f"--{name} needs a value (default {default!r}).")
-            raw = nxt
-            i += 1
-        out[key] = _convert(key, raw, default)
-        i += 1
+            if option.kind is bool and (nxt is None or nxt.strip().lower() not in BOOL_WORDS):
+                value, i = True, i + 1
+            elif nxt is None or nxt.startswith("--"):
+                raise ConfigError(f"{flag(key)} needs a value ({option.describe()}).")
+            else:
+                value, i = option.parse(nxt), i + 2
+        if key in out:
+            raise ConfigError(f"{flag(key)} is given twice ({spelled[key]}, then "
+                              f"{_spell(token, argv, i)}); give it once.")
+        out[key] = value
+        spelled[key] = _spell(token, argv, i)
     return out
 
 
-def _looks_negative(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
+def _spell(token: str, argv: list[str], next_i: int) -> str:
+    """The tokens that set an option, as typed."""
+    value_token = argv[next_i - 1]
+    return token if value_token is token else f"{token} {value_token}"
 
 
-def merge(recipe_defaults: dict[str, Any], argv: list[str], context: str) -> dict[str, Any]:
-    """Framework defaults, then the recipe's, then CLI overrides.
+def _unknown(name: str, options: Mapping[str, Option], context: str) -> str:
+    key = name.replace("-", "_")
+    candidates = list(options) + [f"no_{k}" for k, o in options.items() if o.kind is bool]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = f" Did you mean {flag(close[0])}?" if close else ""
+    known = ", ".join(flag(k) for k in sorted(options))
+    return (f"Unknown option --{name} for {context}.{hint} Known options: {known} "
+            "(`--help` gives their meaning and defaults).")
+
+
+def merge(recipe_defaults: Mapping[str, Any], argv: list[str], context: str) -> Config:
+    """Framework defaults, then the recipe's, then CLI overrides, all validated.
 
     Raises:
-        ConfigError: when a recipe default changes a framework option's type,
-            or on a bad override.
+        ConfigError: for a recipe default of the wrong type or range, or a bad override.
     """
-    for key, value in recipe_defaults.items():
-        base = FRAMEWORK_DEFAULTS.get(key)
-        if base is not None and type(base) is not type(value) and not (
-                isinstance(base, float) and isinstance(value, int)):
-            raise ConfigError(f"{context} sets {key}={value!r} ({type(value).__name__}) but "
-                              f"tfdist expects a {type(base).__name__}.")
-    defaults = {**FRAMEWORK_DEFAULTS, **{
-        k: float(v) if isinstance(FRAMEWORK_DEFAULTS.get(k), float) else v
-        for k, v in recipe_defaults.items()}}
-    return {**defaults, **parse_overrides(argv, defaults, context)}
+    options = declarations(recipe_defaults, context)
+    overrides = parse_overrides(argv, options, context)
+    values = {k: o.default for k, o in options.items()}
+    return Config({**values, **overrides}, options, given=overrides)
 
 
-def usage(defaults: dict[str, Any]) -> str:
-    """Help text listing every option with its default."""
-    lines = ["options (type from the default; --flag/--no-flag for booleans):"]
-    for key in sorted(defaults):
-        lines.append(f"  --{key.replace('_', '-'):24s} {defaults[key]!r}")
-    return "\n".join(lines)
+def check_strategy(cfg: Mapping[str, Any], strategy: str, possible: set[str]) -> None:
+    """Refuses command-line options that do not apply to the run's strategy.
+
+    Args:
+        cfg: The merged config (a `Config`; a plain dict is not checked).
+        strategy: The strategy as asked for (named in the message).
+        possible: The concrete strategies it may resolve to (one, unless "auto"
+            depends on what TensorFlow will find).
+
+    Raises:
+        ConfigError: naming the option, its value and the strategy.
+    """
+    options = getattr(cfg, "options", {})
+    for key in sorted(getattr(cfg, "given", ())):
+        applies = options[key].strategies
+        if applies is None or set(applies) & possible:
+            continue
+        runs = " or ".join(sorted(possible))
+        resolved = f" (auto resolves to {runs} here)" if strategy == "auto" else ""
+        only = ", ".join(applies)
+        raise ConfigError(f"{flag(key)} applies only to --strategy {only}; this run uses "
+                          f"--strategy {strategy}{resolved}. Received: {flag(key)} "
+                          f"{cfg[key]!r}. Drop it, or pick one of those strategies.")
 
 
-VERBOSE_CHOICES = ("auto", "0", "1", "2")
+def usage(options: Mapping[str, Any], recipe_name: str = "") -> str:
+    """Help text: every option with its meaning, default and allowed values.
+
+    Args:
+        options: Declarations (from `declarations`) or plain defaults.
+        recipe_name: The recipe whose own options are listed apart.
+    """
+    def line(key, option):
+        value = {bool: "", int: " N", float: " X", str: " TEXT"}[option.kind]
+        if option.choices is not None and option.kind is str:
+            value = " {" + "|".join(option.choices) + "}"
+        head = f"  {flag(key)}{value}"
+        text = f"{head:34s} {option.help}".rstrip() if option.help else head
+        return f"{text}\n{'':35s}({option.describe()})"
+
+    options = {k: v if isinstance(v, Option) else Option(v) for k, v in options.items()}
+    framework = [line(k, o) for k, o in options.items() if k in OPTIONS]
+    own = [line(k, o) for k, o in options.items() if k not in OPTIONS]
+    out = ["tfdist options (booleans: --flag, --no-flag, --flag=false; each option at most "
+           "once):", *framework]
+    if own:
+        out += ["", f"recipe {recipe_name or '?'} options:", *own]
+    return "\n".join(out)
+
+
+VERBOSE_CHOICES = OPTIONS["verbose"].choices
 
 
 def keras_verbosity(setting, interactive: bool) -> int:

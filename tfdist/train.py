@@ -37,7 +37,7 @@ def parse(argv: list[str]):
     if argv and not argv[0].startswith("-"):
         name, argv = argv[0], argv[1:]
     recipe = recipe_lib.load(name)
-    cfg = config.merge(recipe.DEFAULTS, argv, f"recipe {recipe.RECIPE_NAME}")
+    cfg = config.merge(recipe.DECLARED, argv, f"recipe {recipe.RECIPE_NAME}")
     return recipe, cfg
 
 
@@ -49,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         name = argv[0] if argv and not argv[0].startswith("-") else DEFAULT_RECIPE
         try:
             recipe = recipe_lib.load(name)
+            options = config.declarations(recipe.DECLARED, f"recipe {recipe.RECIPE_NAME}")
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(__doc__)
         print(f"recipes: {recipe_lib.available()}\n")
-        print(config.usage(config.merge(recipe.DEFAULTS, [], name)))
+        print(config.usage(options, recipe.RECIPE_NAME))
         return 0
     status_file = ""
     reset_signals()

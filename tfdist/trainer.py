@@ -74,9 +74,6 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     """
     strategies.check_name(cfg["strategy"])
     strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
-    if cfg["preempt_check_steps"] < 0:
-        raise ConfigError(f"preempt_check_steps must be >= 0 (0: auto). Received: "
-                          f"{cfg['preempt_check_steps']}.")
     if cfg["tensorboard"] and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package, which TensorFlow no "
                           "longer installs: pip install 'tfdist[tensorboard]'.")
@@ -90,9 +87,6 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
     if cfg["strategy"] in ("multi_worker", "horovod", "shm", "auto") and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
-    if cfg["startup_timeout_s"] < 0:
-        raise ConfigError(f"startup_timeout_s must be >= 0 (0: wait for ever). Received: "
-                          f"{cfg['startup_timeout_s']}.")
     if cluster.is_multi_worker and strategies.resolve_name(
             cfg["strategy"], cluster, cfg["devices"] or None) == "multi_worker":
         from tfdist.strategies import multi_worker
@@ -183,6 +177,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
             or at a save: one line naming the path and errno).
     """
     cluster = cluster or cluster_lib.detect()
+    config.check_strategy(cfg, cfg["strategy"], strategies.possible_names(
+        cfg["strategy"], cluster, cfg["devices"] or None))
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     parameter_server = cfg["strategy"] == "parameter_server" or (
         cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster))
@@ -272,14 +268,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
                   f"precision={cfg['precision']} model_dir={model_dir}")
 
     def train_dataset(skip_batches=0, repeat=True):
-        return data.prepare(recipe.build_dataset(cfg, "train"), gbs,
+        return data.prepare(recipe_lib.build_dataset(recipe, cfg, "train"), gbs,
                             num_workers=cluster.num_workers, training=True,
                             shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"],
                             shard_by=hooks.input_shard(),
                             repeat=repeat, skip_batches=skip_batches)
 
     steps_per_epoch = cfg["steps_per_epoch"] or data.count_elements(train_dataset(repeat=False))
-    test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs,
+    test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), gbs,
                            num_workers=cluster.num_workers, training=False)
     policy = test_ds.options().experimental_distribute.auto_shard_policy.name
     if hooks.input_shard():  # the adapter's processes each read their own slice
@@ -288,12 +284,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
                   f"; {steps_per_epoch} steps per epoch")
 
     with strategy.scope():
-        model = hooks.transform_model(recipe.build_model(cfg))
+        model = hooks.transform_model(recipe_lib.build_model(recipe, cfg))
         optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(recipe, cfg, lr))
         model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
                       **hooks.compile_kwargs())
         recipe_lib.install_train_step(recipe, model)
         optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
+        # A batched dataset or one of the wrong shape fails here, naming the recipe, not in fit.
+        recipe_lib.check_fits(recipe, model, test_ds.element_spec, batched=True)
         # Keras builds optimizers lazily; build now so a backup can fill its slots.
         optimizer.build(model.trainable_variables)
     check_free_space(model_dir, cluster, model, optimizer)

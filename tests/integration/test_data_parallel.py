@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, clean_env, run_py, tail
+from tests.conftest import WORKERS, clean_env, override, run_py, tail
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +29,8 @@ CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.k
 def _train(tmp, name, extra, launch_n=0):
     dump = os.path.join(tmp, name, "dump")
     model_dir = os.path.join(tmp, name, "model")
-    worker = [os.path.join(WORKERS, "train_dump.py"), dump, *COMMON, "--model-dir", model_dir,
-              *extra]
+    worker = [os.path.join(WORKERS, "train_dump.py"), dump,
+              *override(COMMON, "--model-dir", model_dir, *extra)]
     args = (["-m", "tfdist.launch", "-n", str(launch_n), "--timeout", "200", "--", "python",
              *worker] if launch_n else worker)
     proc = run_py(args)

@@ -26,7 +26,7 @@ from tfdist.launch import free_ports, worker_tf_configs
 pytestmark = pytest.mark.integration
 
 DUMP = os.path.join(WORKERS, "train_dump.py")
-ARGS = ["digits_mlp", "--strategy", "multi_worker", "--epochs", "4", "--seed", "0",
+ARGS = ["digits_mlp", "--epochs", "4", "--seed", "0",
         "--deterministic", "--global-batch-size", "64", "--learning-rate", "0.1",
         "--verbose", "0", "--threads", "1", "--save-every-steps", "4"]
 CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.keras"]
@@ -48,16 +48,16 @@ def _assert_equal_to(baseline, dump_dir):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _launch(dump_dir, model_dir, faults=(), extra=(), max_restarts=0):
+def _launch(dump_dir, model_dir, faults=(), strategy="multi_worker", max_restarts=0):
     return run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "240", "--max-restarts",
                    str(max_restarts), "--", sys.executable, DUMP, dump_dir, *faults, *ARGS,
-                   "--model-dir", model_dir, *extra])
+                   "--strategy", strategy, "--model-dir", model_dir])
 
 
 def _start_workers(dump_dir, model_dir, faults=(), strategy="multi_worker"):
     """Two workers started by hand (no launcher supervising them)."""
     procs = []
-    args = [*ARGS, "--strategy", strategy]  # the last --strategy wins
+    args = [*ARGS, "--strategy", strategy]
     for cfg in worker_tf_configs(free_ports(2)):
         procs.append(subprocess.Popen(
             [sys.executable, DUMP, dump_dir, *faults, *args, "--model-dir", model_dir],
@@ -149,7 +149,7 @@ def test_sigterm_to_chief_saves_backup_and_exits_distinctly(baseline, tmp_path, 
     assert step % 20 == 0  # 2 processes agree every 20 steps (preemption.default_check_steps)
     assert "metrics.json" not in os.listdir(model_dir)
 
-    proc = _launch(dump, model_dir, extra=["--strategy", strategy])  # requeue: the same command
+    proc = _launch(dump, model_dir, strategy=strategy)  # requeue: the same command
     assert proc.returncode == 0, tail(proc)
     assert f"(global step {step})" in proc.stdout
     _assert_equal_to(weights, dump)

@@ -20,7 +20,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, tail
+from tests.conftest import REPO, WORKERS, clean_env, override, tail
 
 pytestmark = pytest.mark.integration
 
@@ -69,8 +69,8 @@ def _load(dump):
 
 def _train(venv, tmp, name, np_=0, controller="gloo", extra=()):
     dump, model_dir = os.path.join(tmp, name, "dump"), os.path.join(tmp, name, "model")
-    worker = [os.path.join(WORKERS, "hvd_train_dump.py"), dump, *COMMON,
-              "--model-dir", model_dir, *extra]
+    worker = [os.path.join(WORKERS, "hvd_train_dump.py"), dump,
+              *override(COMMON, "--model-dir", model_dir, *extra)]
     if np_:
         proc = horovodrun(venv, np_, controller, [*worker[:2], "--seed-by-rank", *worker[2:],
                                                   "--strategy", "horovod"])

@@ -13,19 +13,19 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, run_py, tail
+from tests.conftest import WORKERS, override, run_py, tail
 
 pytestmark = pytest.mark.integration
 
 COMMON = ["model_parallel_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
-          "--hidden-units", "32", "--verbose", "0", "--devices", "2"]
+          "--hidden-units", "32", "--verbose", "0"]  # the recipe's default: --devices 2
 PLACEMENT = "hidden_0=/cpu:1;hidden_1,hidden_2,logits=/cpu:0"
 
 
 def _train(tmp, name, extra):
     dump, model_dir = os.path.join(tmp, name, "dump"), os.path.join(tmp, name, "model")
-    proc = run_py([os.path.join(WORKERS, "train_dump.py"), dump, *COMMON, "--model-dir",
-                   model_dir, *extra])
+    proc = run_py([os.path.join(WORKERS, "train_dump.py"), dump,
+                   *override(COMMON, "--model-dir", model_dir, *extra)])
     assert proc.returncode == 0, tail(proc)
     d = dict(np.load(os.path.join(dump, "worker0.npz")))
     return [d[f"w{i}"] for i in range(8)], model_dir, proc

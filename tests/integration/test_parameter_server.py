@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env, run_py, tail
+from tests.conftest import REPO, clean_env, override, run_py, tail
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ STEPS_PER_EPOCH = 1437 // 64  # digits_mlp's training split at batch 64
 
 def _launch(mode_args, model_dir, extra=()):
     return ["-m", "tfdist.launch", *mode_args, "--timeout", "200", "--", sys.executable, "-m",
-            "tfdist.train", *COMMON, "--model-dir", model_dir, *extra]
+            "tfdist.train", *override(COMMON, "--model-dir", model_dir, *extra)]
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ def baseline(tmp_path_factory):
 @pytest.mark.parametrize("strategy", ["multi_worker", "shm"])
 def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_path, strategy):
     model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
-    # The script's own --strategy multi_worker comes first; the user's wins.
+    # The user's --strategy replaces the script's own (tfdist refuses a flag given twice).
     job, proc = _sbatch("multi_worker.sbatch", out, "digits_mlp", *ARGS, "--model-dir",
                         model_dir, "--strategy", strategy, wait=True)
     log = open(out.replace("%j", job)).read() if job else ""

@@ -12,7 +12,7 @@ SIGTERM, their input threads still inside Python while the interpreter shut down
 from tfdist import recipe as recipe_lib
 
 _BASE = recipe_lib.load("digits_mlp")
-DEFAULTS = dict(_BASE.DEFAULTS, example_delay_ms=1.0)
+DEFAULTS = dict(_BASE.DECLARED, example_delay_ms=1.0)
 build_model = _BASE.build_model
 compile_kwargs = _BASE.compile_kwargs
 

@@ -82,7 +82,7 @@ def train(recipe, cfg: dict, cluster):
     gbs = cfg["global_batch_size"]
     lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
                                   cfg["lr_scaling"])
-    train_source = recipe.build_dataset(cfg, "train")
+    train_source = recipe_lib.build_dataset(recipe, cfg, "train")
     train_unbatched = data.as_source(train_source).dataset
     num_examples = data.count_elements(train_unbatched)
     steps_per_epoch = cfg["steps_per_epoch"] or max(1, num_examples // gbs)
@@ -93,7 +93,7 @@ def train(recipe, cfg: dict, cluster):
 
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
-        model = recipe.build_model(cfg)
+        model = recipe_lib.build_model(recipe, cfg)
         optimizer = recipe_lib.build_optimizer(recipe, cfg, lr)
         model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
         # Create every variable (weights, optimizer slots, loss state) here, eagerly:
@@ -119,7 +119,7 @@ def train(recipe, cfg: dict, cluster):
         _log(f"--no-resume: removed old backups in {store.directory}")
 
     def dataset_fn(_input_context):
-        source = recipe.build_dataset(cfg, "train")
+        source = recipe_lib.build_dataset(recipe, cfg, "train")
         ds = data.as_source(source).dataset
         # Disjoint shards: without this every worker would read the same examples.
         index = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -186,10 +186,10 @@ def train(recipe, cfg: dict, cluster):
 
     # Gather the trained weights from the ps into an ordinary Keras model: it
     # evaluates on the chief and saves as a model any strategy can load.
-    local = recipe.build_model(cfg)
+    local = recipe_lib.build_model(recipe, cfg)
     local.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
     local.compile(**compile_kwargs)
-    test_ds = data.prepare(recipe.build_dataset(cfg, "test"), gbs, training=False)
+    test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), gbs, training=False)
     evaluation = local.evaluate(test_ds, verbose=0, return_dict=True)
     total_steps = sum(steps_per_worker)  # this run's steps (a resumed run did fewer)
     metrics = {

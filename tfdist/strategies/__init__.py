@@ -192,6 +192,11 @@ def resolve_name(name: str, cluster, devices: int | None, gpus: int = 0) -> str:
     return "mirrored" if local > 1 else "single"
 
 
+def possible_names(name: str, cluster, devices: int | None) -> set[str]:
+    """Pure function: the adapters `name` may resolve to before TensorFlow counts GPUs."""
+    return {resolve_name(name, cluster, devices, gpus) for gpus in (0, 2)}
+
+
 def has_ps_tasks(cluster) -> bool:
     """Pure function: True when the cluster spec lists parameter servers."""
     return bool(cluster is not None and cluster.tf_config
@@ -229,4 +234,4 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
 
 
 __all__ = ["REGISTRY", "Hooks", "ProcessReplicaHooks", "StrategyOptions", "build_hooks", "build_strategy",
-           "check_available", "check_name", "has_ps_tasks", "resolve_name", "valid_names"]
+           "check_available", "check_name", "has_ps_tasks", "possible_names", "resolve_name", "valid_names"]
