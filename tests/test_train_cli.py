@@ -119,3 +119,63 @@ def test_repeated_flag_in_subprocess_exits_2():
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: --strategy is given twice (--strategy single, then "
                                    "--strategy mirrored); give it once.")
+
+
+# Issue 13's cluster examples through the real CLI: exit 3, the first line names the
+# variable and the value, then a HINT line; TensorFlow never imported.
+_SRUN = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+         "SLURM_LOCALID": "0", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "2",
+         "SLURMD_NODENAME": "n1"}
+_TASK = '"task": {"type": "worker", "index": 0}'
+CLUSTER_EXAMPLES = [
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": ["worker"], "index": 0}}'},
+     "task.type", "['worker']"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": {"w": 1}, "index": 0}}'},
+     "task.type", "{'w': 1}"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}'},
+     "task.index", "missing"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"], "evaluator": ["e:1", "f:1"]}, ' + _TASK + '}'},
+     "cluster.evaluator", "['e:1', 'f:1']"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"], "evaluator": ["e:1"]}, '
+                   '"task": {"type": "evaluator", "index": 0}}'}, "task.type", "'evaluator'"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["::1:2222"]}, ' + _TASK + '}'},
+     "cluster.worker[0]", "::1:2222"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["H:2222", "h:02222"]}, ' + _TASK + '}'},
+     "duplicate address", "h:02222"),
+    ({"HOROVOD_RANK": "1"}, "HOROVOD_RANK", "'1'"),
+    ({"HOROVOD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE", "'2'"),
+    ({"HOROVOD_RANK": "²", "HOROVOD_SIZE": "2"}, "HOROVOD_RANK", "'²'"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "٣"}, "HOROVOD_SIZE", "'٣'"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "9" * 5000}, "HOROVOD_SIZE", "'9999"),
+    ({**_SRUN, "SLURM_STEP_TASKS_PER_NODE": "1(x1000000000000)"}, "tasks-per-node",
+     "1(x1000000000000)"),
+    ({**_SRUN, "SLURM_STEP_NODELIST": "n[1-2]x"}, "host list", "n[1-2]x"),
+    ({**_SRUN, "SLURM_STEP_NODELIST": "n[0-70000]"}, "host list", "n[0-70000]"),
+    ({**_SRUN, "TFDIST_PORT_BASE": "0"}, "TFDIST_PORT_BASE", "0"),
+    ({**_SRUN, "SLURM_NTASKS": "10", "SLURM_STEP_TASKS_PER_NODE": "10",
+      "TFDIST_PORT_BASE": "65530"}, "TFDIST_PORT_BASE", "65530"),
+]
+PROBE_ENV = ("import os, sys, time; from tfdist.train import main\n"
+             "for env in eval(sys.argv[1]):\n"
+             "    os.environ.update(env); t = time.perf_counter()\n"
+             "    rc = main(['digits_mlp'])\n"
+             "    print('RESULT', rc, 'tensorflow' in sys.modules, time.perf_counter() - t,"
+             " flush=True)\n"
+             "    print('END', file=sys.stderr, flush=True)\n"
+             "    for k in env: del os.environ[k]\n")
+
+
+def test_issue_cluster_examples_through_the_cli():
+    envs = [env for env, _, _ in CLUSTER_EXAMPLES]
+    proc = run_py(["-c", PROBE_ENV, repr(envs)], timeout=120)
+    results = [line.split() for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+    errors = proc.stderr.split("END\n")
+    assert len(results) == len(CLUSTER_EXAMPLES), proc.stderr[-3000:]
+    for (env, name, value), (_, rc, tf_imported, seconds), err in zip(
+            CLUSTER_EXAMPLES, results, errors):
+        lines = err.strip().splitlines()
+        assert rc == "3" and tf_imported == "False", (env, err[-2000:])
+        assert lines[0].startswith("error: ") and lines[-1].startswith("HINT: "), (env, err)
+        assert len(lines) == 2 and name in lines[0] and value in lines[0], (env, lines)
+        assert "Traceback" not in err
+        assert float(seconds) < 5.0, (env, seconds)  # ms on a quiet machine

@@ -39,13 +39,33 @@ def test_local_rank_defaults_to_zero_and_size_alone_is_not_horovod():
 @pytest.mark.parametrize("env, message", [
     ({"HOROVOD_RANK": "2", "HOROVOD_SIZE": "2"}, r"HOROVOD_RANK=2 is out of range for "
                                                  r"HOROVOD_SIZE=2"),
-    ({"HOROVOD_RANK": "x", "HOROVOD_SIZE": "2"}, r"HOROVOD_RANK must be a non-negative "
-                                                 r"integer. Received: 'x'"),
+    ({"HOROVOD_RANK": "x", "HOROVOD_SIZE": "2"}, r"HOROVOD_RANK must be an integer in "
+                                                 r"0-2147483647\. Received: HOROVOD_RANK='x'"),
     ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "0"}, "out of range"),
+    # Issue 13: these made a lone chief (and switched Slurm detection off), or escaped raw.
+    ({"HOROVOD_RANK": "1"}, r"incomplete or mixed: \{'HOROVOD_RANK': '1'\}"),
+    ({"HOROVOD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, r"incomplete or mixed"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1",
+      "OMPI_COMM_WORLD_SIZE": "2"}, r"Horovod and MPI variables disagree: HOROVOD_RANK/"
+                                    r"HOROVOD_SIZE=0/2 but OMPI_COMM_WORLD_RANK/"
+                                    r"OMPI_COMM_WORLD_SIZE=1/2"),
+    ({"HOROVOD_RANK": "²", "HOROVOD_SIZE": "4"}, r"HOROVOD_RANK must be an integer .*'²'"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "٣"}, r"HOROVOD_SIZE must be an integer"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "9" * 5000}, r"HOROVOD_SIZE must be an integer .*"
+                                                        r"Received: HOROVOD_SIZE='9999"),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "2"},
+     r"HOROVOD_LOCAL_RANK=2 is out of range"),
 ])
 def test_bad_values_say_what_was_received(env, message):
-    with pytest.raises(ClusterError, match=message):
+    with pytest.raises(ClusterError, match=message) as e:
         detect(env)
+    assert "\nHINT: " in str(e.value)
+
+
+def test_both_families_agreeing_is_fine():
+    info = detect({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1",
+                   "OMPI_COMM_WORLD_SIZE": "2"})
+    assert (info.worker_index, info.num_workers) == (1, 2)
 
 
 def test_forced_horovod_source_must_be_present():

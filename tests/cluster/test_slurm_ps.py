@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfdist.cluster import detect, slurm
+from tfdist.cluster import detect, ports, slurm
 from tfdist.errors import ClusterError
 
 
@@ -23,12 +23,13 @@ def test_slurm_step_becomes_a_ps_cluster():
     infos = [detect(_env(r)) for r in range(4)]
     assert [(i.task_type, i.task_index) for i in infos] == [
         ("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
-    assert infos[2].tf_config["cluster"] == {"chief": ["n1:20140"], "ps": ["n1:20141"],
-                                             "worker": ["n2:20140", "n2:20141"]}
+    p = ports.derived_base(7, 0)
+    assert infos[2].tf_config["cluster"] == {"chief": [f"n1:{p}"], "ps": [f"n1:{p + 1}"],
+                                             "worker": [f"n2:{p}", f"n2:{p + 1}"]}
     assert infos[0].is_chief and not infos[1].is_chief and infos[3].hostname == "n2"
 
 
 def test_bad_num_ps():
-    with pytest.raises(ClusterError, match="TFDIST_NUM_PS must be a non-negative integer"):
+    with pytest.raises(ClusterError, match="TFDIST_NUM_PS must be an integer in 0-2147483647. Received: TFDIST_NUM_PS='two'"):
         detect(_env(0, "two"))
     assert detect(_env(1, "0")).task_type == "worker"  # 0: plain synchronous workers

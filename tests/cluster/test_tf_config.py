@@ -48,7 +48,38 @@ def test_ps_is_not_a_training_worker():
     ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}},
      r"task.index 2 is out of range for cluster.worker, which has 2 address"),
     ({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}},
-     r"task.index must be an integer. Received: '0'"),
+     r"task.index must be a JSON integer \(tfdist is stricter than TensorFlow here\)\. "
+     r"Received: '0'"),
+    # Issue 13: TensorFlow's own rules.
+    ({"cluster": {"worker": ["a:1"]}, "task": {"type": ["worker"], "index": 0}},
+     r"task.type must be a string naming a job of the cluster \['worker'\]\. Received: "
+     r"\['worker'\]"),
+    ({"cluster": {"worker": ["a:1"]}, "task": {"type": {"a": 1}, "index": 0}},
+     r"task.type must be a string"),
+    ({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}},
+     r"task.index is missing \(TensorFlow requires it too\)"),
+    ({"cluster": {"worker": ["a:1"], "evaluator": ["e:1", "f:1"]},
+      "task": {"type": "worker", "index": 0}}, r"cluster.evaluator must list exactly one"),
+    ({"cluster": {"worker": ["a:1"], "evaluator": ["e:1"]},
+      "task": {"type": "evaluator", "index": 0}}, r"task.type 'evaluator': tfdist has no "
+                                                  r"side-car evaluator"),
+    ({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 0}},
+     r"task.type 'evaluator'"),
+    ({"cluster": {"worker": ["::1:2222"]}, "task": {"type": "worker", "index": 0}},
+     r"looks like an IPv6 address without brackets; write '\[::1\]:2222'"),
+    ({"cluster": {"worker": ["[::g]:2222"]}, "task": {"type": "worker", "index": 0}},
+     r"invalid IPv6 address in brackets"),
+    ({"cluster": {"worker": ["Host:2222", "host:2222"]}, "task": {"type": "worker", "index": 0}},
+     r"duplicate address 'host:2222' in cluster.worker\[0\] \(as 'Host:2222'\) and "
+     r"cluster.worker\[1\]"),
+    ({"cluster": {"worker": ["h:2222", "h:02222"]}, "task": {"type": "worker", "index": 0}},
+     r"duplicate address 'h:02222'"),
+    ({"cluster": {"worker": ["[::1]:1", "[0:0::1]:1"]}, "task": {"type": "worker", "index": 0}},
+     r"duplicate address '\[0:0::1\]:1'"),
+    ({"cluster": {"worker": ["127.000.0.1:1"]}, "task": {"type": "worker", "index": 0}},
+     r"leading zeros, which some resolvers read as octal; write 127.0.0.1"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": ' + "9" * 5000 + "}}",
+     r"not valid JSON \(Exceeds the limit"),
     ({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}},
      r"duplicate address 'a:1' in cluster.worker\[0\] and cluster.worker\[1\]"),
     ({"cluster": {"chief": ["a:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}},
@@ -68,3 +99,18 @@ def test_bad_tf_config_names_field_and_value(config, message):
     with pytest.raises(ClusterError, match=message) as e:
         detect(_env(config))
     assert "HINT:" in str(e.value)
+
+
+def test_ipv6_addresses_in_brackets():
+    cfg = {"cluster": {"worker": ["[::1]:2222", "[::1]:2223"]},
+           "task": {"type": "worker", "index": 1}}
+    info = detect(_env(cfg))
+    assert (info.num_workers, info.worker_index, info.hostname) == (2, 1, "::1")
+    assert info.worker_addresses == ["[::1]:2222", "[::1]:2223"]
+
+
+def test_evaluator_in_the_cluster_is_allowed_for_workers():
+    cfg = {"cluster": {"worker": ["a:1", "b:1"], "evaluator": ["e:1"]},
+           "task": {"type": "worker", "index": 1}}
+    info = detect(_env(cfg))
+    assert (info.num_workers, info.worker_index) == (2, 1)

@@ -4,7 +4,42 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+import re
+from typing import Any, Mapping
+
+from tfdist.errors import ClusterError
+
+INT_MAX = 2**31 - 1  # ranks, sizes, ids and counts fit a C int in every launcher
+_DIGITS = re.compile(r"[0-9]{1,10}", re.ASCII)  # Python's int() also takes "٣" and "1_0"
+
+
+def parse_count(name: str, value: str | None, hint: str, maximum: int = INT_MAX) -> int:
+    """Pure function: a non-negative decimal integer environment value, or ClusterError.
+
+    Args:
+        name: The variable (named in the error).
+        value: Its value.
+        hint: The HINT line of the error.
+        maximum: The largest value accepted.
+
+    Raises:
+        ClusterError: naming the variable and the value received, for anything
+            but ASCII digits, or a number above `maximum`.
+    """
+    text = value.strip() if isinstance(value, str) else value
+    if not isinstance(text, str) or not _DIGITS.fullmatch(text) or int(text) > maximum:
+        shown = repr(value) if value is None or len(value) <= 40 else repr(value[:40]) + "..."
+        raise ClusterError(f"{name} must be an integer in 0-{maximum}. Received: "
+                           f"{name}={shown}.\nHINT: {hint}")
+    return int(text)
+
+
+def env_count(environ: Mapping[str, str], name: str, hint: str, default: int | None = None,
+              maximum: int = INT_MAX) -> int:
+    """`parse_count` of `environ[name]`; `default` when unset (ClusterError when required)."""
+    if name not in environ and default is not None:
+        return default
+    return parse_count(name, environ.get(name), hint, maximum)
 
 
 @dataclasses.dataclass(frozen=True)

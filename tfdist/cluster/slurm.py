@@ -8,34 +8,49 @@ neither: it reads only environment variables and derives ports from the job id.
 Variables read (all set by `srun` for every task):
     SLURM_JOB_ID, SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
     SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), SLURM_STEP_TASKS_PER_NODE
-    (else SLURM_TASKS_PER_NODE), SLURM_STEP_ID, SLURMD_NODENAME.
-    TFDIST_PORT_BASE overrides the derived first port.
+    (else SLURM_TASKS_PER_NODE), SLURM_STEP_ID, SLURMD_NODENAME, and
+    SLURM_STEP_RESV_PORTS when Slurm reserves ports for the step.
+    TFDIST_PORT_BASE overrides the first port (see `tfdist.cluster.ports`).
+    TFDIST_NUM_PS > 0 makes a parameter-server cluster.
+
+Every malformed value is a ClusterError naming the variable and the value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
+from typing import Sequence
 
-from tfdist.cluster.base import ClusterEnvironment, ClusterInfo
+from tfdist.cluster import ports as ports_lib
+from tfdist.cluster.base import INT_MAX, ClusterEnvironment, ClusterInfo, env_count, parse_count
 from tfdist.errors import ClusterError
 
-PORT_MIN = 20000
-PORT_SLOTS = 2000  # distinct job slots: ports PORT_MIN .. PORT_MIN + SLOTS*SPAN
-PORT_SPAN = 20  # ports per job per node, so at most 20 tasks per node
+_SRUN_HINT = ("start every worker with `srun` inside the allocation "
+              "(`srun python -m tfdist.train ...`), which sets it.")
+
+MAX_RANGE = 65536  # Slurm's own limit on hosts in one bracket range (hostlist.c MAX_RANGE)
+MAX_NODES = 65536  # tfdist's limit on the nodes of one step
+_NAME = re.compile(r"[A-Za-z0-9_.-]*", re.ASCII)  # what can go into a 'host:port' address
+# "1-" is "1" to Slurm (its strtoul reads nothing after the dash).
+_RANGE = re.compile(r"([0-9]{1,18})(?:-([0-9]{0,18}))?", re.ASCII)
+_TPN = re.compile(r"([0-9]{1,18})(?:\(x([0-9]{1,18})\))?", re.ASCII)
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Splits on commas that are not inside brackets."""
+def _tokens(text: str) -> list[str]:
+    """Splits on commas, spaces and tabs that are not inside brackets (as Slurm does)."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
             depth += 1
+            if depth > 1:
+                raise ValueError(f"nested '[' in host list {text!r}")
         elif ch == "]":
             depth -= 1
             if depth < 0:
                 raise ValueError(f"unbalanced ']' in host list {text!r}")
-        elif ch == "," and depth == 0:
+        elif ch in ", \t" and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth != 0:
@@ -44,22 +59,47 @@ def _split_top_level(text: str) -> list[str]:
     return [p for p in parts if p]
 
 
-def _expand_ranges(body: str, whole: str) -> list[str]:
-    values = []
+def _ranges(body: str, whole: str) -> list[tuple[int, int, int]]:
+    """(lo, hi, width) of each item of a bracket, e.g. '01-03,7'."""
+    out = []
     for item in body.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        m = _RANGE.fullmatch(item)
         if not m:
             raise ValueError(f"bad range {item!r} in host list {whole!r}")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
             raise ValueError(f"descending range {item!r} in host list {whole!r}")
-        width = len(lo)  # node[01-03] keeps its zero padding
-        values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
-    return values
+        if hi - lo + 1 > MAX_RANGE:
+            raise ValueError(f"range {item!r} in host list {whole!r} has more than "
+                             f"{MAX_RANGE} hosts (Slurm's limit)")
+        out.append((lo, hi, len(m.group(1))))  # node[01-03] keeps its zero padding
+    return out
+
+
+def _expand_token(token: str, whole: str) -> list[str]:
+    pieces = re.split(r"\[([^\[\]]*)\]", token)  # text, range, text, range, ..., text
+    texts, groups = pieces[0::2], [_ranges(body, whole) for body in pieces[1::2]]
+    if groups and texts[-1]:
+        raise ValueError(f"{token!r} in host list {whole!r} has text after its last ']', "
+                         "which Slurm rejects")
+    if any(not _NAME.fullmatch(t) for t in texts):
+        raise ValueError(f"host name {token!r} in host list {whole!r} has characters other "
+                         "than letters, digits, '.', '-' and '_'")
+    count = 1
+    for group in groups:
+        count *= sum(hi - lo + 1 for lo, hi, _ in group)
+        if count > MAX_NODES:
+            raise ValueError(f"{token!r} in host list {whole!r} names more than {MAX_NODES} "
+                             "hosts")
+    hosts = [texts[0]]
+    for group, text in zip(groups, texts[1:]):
+        hosts = [f"{h}{str(n).zfill(w)}{text}" for h in hosts for lo, hi, w in group
+                 for n in range(lo, hi + 1)]
+    return hosts
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """Expands a Slurm compressed host list.
+    """Expands a Slurm compressed host list, refusing what Slurm itself refuses.
 
     Args:
         text: For example ``"node[01-03,07],gpu5"`` or ``"r[1-2]-n[1-2]"``.
@@ -69,44 +109,45 @@ def expand_hostlist(text: str) -> list[str]:
         "node07", "gpu5"]``.
 
     Raises:
-        ValueError: on unbalanced brackets or malformed ranges.
+        ValueError: on unbalanced or nested brackets, malformed or descending
+            ranges, text after the last bracket (``n[1-2]x``), a range of more
+            than 65536 hosts (``n[0-70000]``), more than 65536 hosts in all, or
+            a host name that cannot go into an address.
     """
     hosts: list[str] = []
-    for part in _split_top_level(text.strip()):
-        m = re.search(r"\[([^\[\]]*)\]", part)
-        if m is None:
-            hosts.append(part)
-            continue
-        head, tail = part[:m.start()], part[m.end():]
-        for value in _expand_ranges(m.group(1), text):
-            # The tail may hold further bracket groups: expand recursively.
-            hosts.extend(expand_hostlist(head + value + tail))
-    if not hosts:
-        raise ValueError(f"empty host list {text!r}")
+    for token in _tokens(text.strip()):
+        hosts.extend(_expand_token(token, text))
+        if len(hosts) > MAX_NODES:
+            raise ValueError(f"host list {text[:100]!r} names more than {MAX_NODES} hosts")
+    if not hosts or not all(hosts):
+        raise ValueError(f"empty host name in host list {text!r}")
     return hosts
 
 
-def expand_tasks_per_node(text: str) -> list[int]:
+def expand_tasks_per_node(text: str, max_nodes: int = MAX_NODES) -> list[int]:
     """Expands a Slurm tasks-per-node string such as ``"2(x3),1"``.
+
+    Args:
+        text: The value of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE.
+        max_nodes: Refuse a string describing more nodes than this (checked
+            before expanding, so ``1(x1000000000000)`` costs nothing).
 
     Returns:
         One count per node, e.g. ``[2, 2, 2, 1]``.
 
     Raises:
-        ValueError: on a malformed entry.
+        ValueError: on a malformed entry or more than `max_nodes` nodes.
     """
-    counts: list[int] = []
+    runs = []
     for item in text.strip().split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        m = _TPN.fullmatch(item.strip())
         if not m:
-            raise ValueError(f"bad entry {item!r} in tasks-per-node {text!r}")
-        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return counts
-
-
-def port_base_for_job(job_id: int) -> int:
-    """First port of a job's block, so concurrent jobs on a node differ."""
-    return PORT_MIN + (job_id % PORT_SLOTS) * PORT_SPAN
+            raise ValueError(f"bad entry {item[:40]!r} in tasks-per-node {text[:100]!r}")
+        runs.append((int(m.group(1)), int(m.group(2) or 1)))
+        if sum(repeat for _, repeat in runs) > max_nodes:
+            raise ValueError(f"tasks-per-node {text[:100]!r} describes more than {max_nodes} "
+                             "node(s)")
+    return [count for count, repeat in runs for _ in range(repeat)]
 
 
 def _get(environ, *names: str) -> str:
@@ -119,23 +160,57 @@ def _get(environ, *names: str) -> str:
         "(`srun python -m tfdist.train ...`), not directly from the batch script.")
 
 
-def _get_int(environ, name: str) -> int:
-    value = _get(environ, name)
-    if not value.isdigit():
-        raise ClusterError(f"{name} must be a non-negative integer. Received: {value!r}.")
-    return int(value)
+def _get_int(environ, name: str, maximum: int = INT_MAX) -> int:
+    return parse_count(name, _get(environ, name), _SRUN_HINT, maximum)
 
 
-def slurm_tf_config(hosts: list[str], tasks_per_node: list[int], port_base: int) -> dict:
+def slurm_tf_config(hosts: list[str], tasks_per_node: list[int],
+                    ports: int | Sequence[int]) -> dict:
     """Pure function: the TF_CONFIG cluster for Slurm's block task layout.
 
     Task ranks are laid out node by node (Slurm's default block distribution):
-    node 0 holds ranks 0..n0-1, node 1 the next n1, and so on; each task on a
-    node gets port `port_base + local_rank`.
+    node 0 holds ranks 0..n0-1, node 1 the next n1, and so on; local task i of
+    a node gets port `ports[i]` (`ports + i` when `ports` is the first port).
     """
-    workers = [f"{host}:{port_base + local}"
+    ports = range(ports, ports + max(tasks_per_node)) if isinstance(ports, int) else ports
+    workers = [f"{host}:{ports[local]}"
                for host, n in zip(hosts, tasks_per_node) for local in range(n)]
     return {"cluster": {"worker": workers}}
+
+
+def step_ports(environ, job_id: int, tasks_per_node: int) -> list[int]:
+    """The ports of local tasks 0..tasks_per_node-1 (see `tfdist.cluster.ports`).
+
+    Raises:
+        ClusterError: naming the variable, for a bad or too small reservation
+            or a TFDIST_PORT_BASE out of range.
+    """
+    if environ.get("TFDIST_PORT_BASE", "") != "":
+        base = parse_count("TFDIST_PORT_BASE", environ["TFDIST_PORT_BASE"],
+                           "unset it to derive ports from the job id.", maximum=65535)
+        why = ports_lib.check_base(base, tasks_per_node)
+        if why:
+            raise ClusterError(f"TFDIST_PORT_BASE={base}: {why}.\nHINT: pick a base in "
+                               f"{ports_lib.LOWEST}-{65536 - tasks_per_node}, outside "
+                               f"{ports_lib.EPHEMERAL[0]}-{ports_lib.EPHEMERAL[1]} (ephemeral), "
+                               "or unset it.")
+        return list(range(base, base + tasks_per_node))
+    reserved = environ.get("SLURM_STEP_RESV_PORTS", "")
+    if reserved:
+        try:
+            ports = ports_lib.parse_port_list(reserved)
+        except ValueError as e:
+            raise ClusterError(f"SLURM_STEP_RESV_PORTS={reserved[:60]!r} is not a port list "
+                               f"({e}).\nHINT: {_SRUN_HINT}") from None
+        if len(ports) < tasks_per_node:
+            raise ClusterError(
+                f"SLURM_STEP_RESV_PORTS={reserved!r} reserves {len(ports)} port(s) but the "
+                f"step runs {tasks_per_node} task(s) on a node.\nHINT: srun --resv-ports="
+                f"{tasks_per_node} (or leave --resv-ports unset).")
+        return ports[:tasks_per_node]
+    step = env_count(environ, "SLURM_STEP_ID", _SRUN_HINT, default=0, maximum=2**32 - 1)
+    base = ports_lib.derived_base(job_id, step)
+    return list(range(base, base + tasks_per_node))
 
 
 def ps_roles(ntasks: int, num_ps: int) -> list[tuple[str, int]]:
@@ -191,7 +266,7 @@ class SlurmEnvironment(ClusterEnvironment):
 
     @staticmethod
     def resolve(environ) -> ClusterInfo:
-        job_id = _get_int(environ, "SLURM_JOB_ID")
+        job_id = _get_int(environ, "SLURM_JOB_ID", maximum=2**32 - 1)
         ntasks = _get_int(environ, "SLURM_NTASKS")
         if ntasks > 1 and "SLURM_STEP_ID" not in environ:
             where = ("the batch script itself" if "SLURM_PROCID" in environ
@@ -209,7 +284,8 @@ class SlurmEnvironment(ClusterEnvironment):
             hosts = expand_hostlist(nodelist)
             tasks_per_node = expand_tasks_per_node(tpn_text)
         except ValueError as e:
-            raise ClusterError(f"Cannot parse the SLURM node layout: {e}.") from None
+            raise ClusterError(f"Cannot parse the SLURM node layout: {e}.\nHINT: "
+                               f"{_SRUN_HINT}") from None
         if len(hosts) != len(tasks_per_node):
             raise ClusterError(
                 f"SLURM node list {nodelist!r} names {len(hosts)} node(s) but tasks-per-node "
@@ -219,33 +295,34 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"SLURM tasks-per-node {tpn_text!r} adds up to {sum(tasks_per_node)} but "
                 f"SLURM_NTASKS={ntasks}.\nHINT: request tasks with --ntasks-per-node or "
                 "--ntasks and start them with a plain `srun` of the whole allocation.")
+        if min(tasks_per_node) < 1:
+            raise ClusterError(f"SLURM tasks-per-node {tpn_text!r} gives a node no task."
+                               f"\nHINT: {_SRUN_HINT}")
         if not 0 <= procid < ntasks:
-            raise ClusterError(f"SLURM_PROCID={procid} is out of range for SLURM_NTASKS={ntasks}.")
+            raise ClusterError(f"SLURM_PROCID={procid} is out of range for SLURM_NTASKS={ntasks}."
+                               f"\nHINT: {_SRUN_HINT}")
         # Rank -> node under block distribution; cyclic layouts would mismatch.
-        node = next(i for i in range(len(hosts)) if procid < sum(tasks_per_node[:i + 1]))
-        expected_local = procid - sum(tasks_per_node[:node])
+        ends = list(itertools.accumulate(tasks_per_node))
+        node = next(i for i, end in enumerate(ends) if procid < end)
+        expected_local = procid - (ends[node - 1] if node else 0)
         nodename = environ.get("SLURMD_NODENAME")
         if localid != expected_local or (nodename and nodename != hosts[node]):
             raise ClusterError(
                 f"SLURM task {procid} runs on {nodename or '?'} as local task {localid}, but "
                 f"block distribution puts it on {hosts[node]} as local task {expected_local}.\n"
                 "HINT: use the default `--distribution=block` for tfdist jobs.")
-        if max(tasks_per_node) > PORT_SPAN:
-            raise ClusterError(f"At most {PORT_SPAN} tasks per node are supported. "
-                               f"Received: tasks-per-node {tpn_text!r}.")
-        if environ.get("TFDIST_PORT_BASE"):
-            port_base = _get_int(environ, "TFDIST_PORT_BASE")
-        else:
-            port_base = port_base_for_job(job_id)
-        config = slurm_tf_config(hosts, tasks_per_node, port_base)
-        num_ps = environ.get("TFDIST_NUM_PS", "")
-        if num_ps not in ("", "0"):
-            if not num_ps.isdigit():
-                raise ClusterError(f"TFDIST_NUM_PS must be a non-negative integer. "
-                                   f"Received: {num_ps!r}.")
+        if max(tasks_per_node) > ports_lib.SPAN:
+            raise ClusterError(f"At most {ports_lib.SPAN} tasks per node are supported. "
+                               f"Received: tasks-per-node {tpn_text!r}.\nHINT: fewer tasks "
+                               "per node (--ntasks-per-node).")
+        ports = step_ports(environ, job_id, max(tasks_per_node))
+        config = slurm_tf_config(hosts, tasks_per_node, ports)
+        num_ps = env_count(environ, "TFDIST_NUM_PS", "the number of ps tasks, e.g. "
+                           "TFDIST_NUM_PS=1; unset for synchronous training.", default=0)
+        if num_ps:
             from tfdist.cluster.tf_config import info_from_tf_config
 
-            config = ps_tf_config(config["cluster"]["worker"], int(num_ps), procid)
+            config = ps_tf_config(config["cluster"]["worker"], num_ps, procid)
             return dataclasses.replace(info_from_tf_config(config, source="slurm"),
                                        local_rank=localid, hostname=hosts[node])
         config["task"] = {"type": "worker", "index": procid}

@@ -22,8 +22,8 @@ EXIT_LOST_CHIEF = 0  # a server whose chief is gone has nothing left to do
 def reachable(address: str, timeout_s: float = 1.0) -> bool:
     """True when a TCP connection to `address` ("host:port") succeeds."""
     host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+    try:  # an IPv6 host comes in brackets: "[::1]:2222"
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             return True
     except OSError:
         return False
