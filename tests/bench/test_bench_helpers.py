@@ -79,3 +79,31 @@ def test_median_run_picks_the_median_try_and_keeps_all():
     got = scaling.median_run(tries)
     assert got["id"] == "c" and got["tries_step_s"] == [0.05, 0.03, 0.04]
     assert scaling.median_run(tries[:2])["id"] == "b"  # even count: the lower median
+
+
+def test_hosts_flags_link_rate_and_configs():
+    from tfdist.bench import on_hosts
+
+    assert on_hosts.link_gbs("1gbit") == pytest.approx(0.125)
+    assert on_hosts.link_gbs("10gbit") == pytest.approx(1.25)
+    assert on_hosts.check_args(0, None) is None
+    assert on_hosts.check_args(2, "500mbit") == pytest.approx(0.0625)
+    for hosts, rate, match in ((2, None, "shaped link.*Received: --rate 'none'"),
+                               (2, "fast", "1gbit, 10gbit.*Received: 'fast'"),
+                               (1, "1gbit", "at least 2. Received: --hosts 1"),
+                               (0, "1gbit", "--rate 1gbit needs --hosts")):
+        with pytest.raises(SystemExit, match=match):
+            on_hosts.check_args(hosts, rate)
+    cfgs = on_hosts.tf_configs(["198.18.0.1", "198.18.0.2"], port=7)
+    assert cfgs[1] == {"cluster": {"worker": ["198.18.0.1:7", "198.18.0.2:7"]},
+                       "task": {"type": "worker", "index": 1}}
+
+
+def test_hosts_prediction_is_measured_compute_plus_ring_at_link_rate():
+    # 1 worker: 0.1 s; 2 workers at 1 Gbit/s with 125 MB of gradients: + 2(1)/2 x 1 s.
+    assert comm.comm_seconds(125e6, 2, 0.125) == pytest.approx(1.0)
+    assert comm.comm_seconds(125e6, 1, 0.125) == 0.0
+    weak = scaling.predicted_steps(0.1, [64, 64], [1, 2], 125e6, 0.125)
+    assert weak == pytest.approx([0.1, 1.1])
+    strong = scaling.predicted_steps(0.1, [128, 64], [1, 2], 125e6, 0.125)
+    assert strong == pytest.approx([0.1, 1.05])

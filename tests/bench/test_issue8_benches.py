@@ -89,3 +89,24 @@ def test_comm(tmp_path):
     assert p["comm_s"] == pytest.approx(result["model"]["grad_bytes"] / 0.5e9)
     assert result["measured_step_s"] > 0
     assert "predicted ms" in stdout
+
+
+def test_allreduce_across_hosts_is_bounded_by_the_shaped_link(tmp_path):
+    from tfdist.hosts import unavailable
+
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs namespaced hosts: {reason}")
+        pytest.skip(reason)
+    # 100 Mbit/s: 4 MB takes >= 0.3 s on the link, long beside the token bucket's burst.
+    result, stdout = _bench(tmp_path, "allreduce", "--hosts", "2", "--rate", "100mbit",
+                            "--sizes", "4MB", "--iters", "2", "--variants", "0,2")
+    assert (result["hosts"], result["rate"], result["ranks"]) == (2, "100mbit", 2)
+    assert result["link_gbs"] == pytest.approx(0.0125)
+    assert [r["engine"] for r in result["results"]] == ["mwms"]  # shm is one host's memory
+    (point,) = result["results"][0]["points"]
+    assert point["busbw_over_link"] == pytest.approx(point["busbw_gbs"] / 0.0125)
+    # The link is the limit (the shaping works) and the ring gets a fair part of it.
+    assert 0.2 < point["busbw_over_link"] < 1.1, point
+    assert "of the link rate" in stdout

@@ -16,16 +16,22 @@ horovodrun, see VARIANTS).
 Every point is the median of `--iters` timed float32 sum all-reduces after a
 warm-up. algbw = bytes / time; busbw = algbw x 2(n-1)/n (nccl-tests). The
 fastest path at 16-64 MB is compared with the issue's 1.2 GB/s goal.
+
+`--hosts N --rate R`: one rank on each of N namespaced hosts whose links are
+shaped to R (see `tfdist.bench.on_hosts`), MWMS and Horovod only (shm is one
+host's shared memory); each point also gives busbw / link rate, the fraction
+of the physical limit reached (a ring all-reduce's busbw cannot exceed it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
 import time
 
-from tfdist.bench import runs
+from tfdist.bench import on_hosts, runs
 
 DESCRIPTION = "all-reduce algbw/busbw, tfdist shm vs MWMS vs Horovod Gloo/MPI, with tuning knobs"
 GOAL_BUSBW_GBS = 1.2
@@ -87,21 +93,35 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--venv", default=None, help="Horovod venv")
     parser.add_argument("--timeout", type=float, default=400.0, help="per variant, seconds")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="N>=2: one rank per namespaced host (needs root; sets --ranks N)")
+    parser.add_argument("--rate", default=None,
+                        help="with --hosts: every link shaped to 1gbit, 10gbit or <n>mbit")
 
 
-def _select(spec: str, have_horovod: bool) -> list[tuple]:
+def _select(spec: str, have_horovod: bool, across_hosts: bool = False) -> list[tuple]:
     if spec == "all":
         chosen = VARIANTS
     elif spec == "local":
         chosen = [v for v in VARIANTS if v[1] != "horovod"]
     else:
         chosen = [VARIANTS[int(i)] for i in spec.split(",")]
-    return [v for v in chosen if v[1] != "horovod" or have_horovod]
+    return [v for v in chosen if (v[1] != "horovod" or have_horovod)
+            and not (across_hosts and v[1] == "shm")]
 
 
-def _measure(variant, args, sizes_mb) -> list[float]:
+def _measure(variant, args, sizes_mb, hosts=None) -> list[float]:
     label, engine, controller, knobs, mpi_args = variant
     spec = {"sizes_mb": sizes_mb, "iters": args.iters, "threads": args.threads, **knobs}
+    if hosts is not None and engine == "mwms":
+        return on_hosts.run_workers(hosts, args.ranks, "tfdist.bench.allreduce",
+                                    ["--worker", json.dumps({**spec, "engine": engine})],
+                                    args.timeout, what=label)[0]["seconds"]
+    if hosts is not None:
+        return on_hosts.run_horovod(hosts, args.venv_path, args.ranks, controller,
+                                    "tfdist.bench.horovod_allreduce",
+                                    ["--worker", json.dumps(spec)], args.timeout, env=knobs,
+                                    mpi_args=mpi_args, what=label)[0]["seconds"]
     if engine in ("mwms", "shm"):
         cmd = runs.launch_command(args.ranks, "tfdist.bench.allreduce",
                                   ["--worker", json.dumps({**spec, "engine": engine})],
@@ -118,30 +138,47 @@ def _measure(variant, args, sizes_mb) -> list[float]:
 def run(args) -> dict:
     """Measures every selected variant; returns per-size bandwidths and the verdict."""
     sizes_mb = parse_sizes(args.sizes)
+    link = on_hosts.check_args(getattr(args, "hosts", 0), getattr(args, "rate", None))
+    if link:
+        args.ranks = args.hosts
     args.venv_path = runs.horovod_venv(args.venv)
-    results = []
-    for variant in _select(args.variants, args.venv_path is not None):
-        load = runs.load_average()
-        seconds = _measure(variant, args, sizes_mb)
-        points = [{"size_mb": mb, "seconds": s, "algbw_gbs": mb * 1e6 / s / 1e9,
-                   "busbw_gbs": bus_bandwidth(mb * 1e6 / s / 1e9, args.ranks)}
-                  for mb, s in zip(sizes_mb, seconds)]
-        results.append({"label": variant[0], "engine": variant[1], "controller": variant[2],
-                        "knobs": variant[3], "mpi_args": variant[4], "load_avg_1m": load,
-                        "points": points})
+    variants = _select(args.variants, args.venv_path is not None, across_hosts=bool(link))
+    with (on_hosts.shaped_hosts(args.hosts, args.rate) if link
+          else contextlib.nullcontext()) as hosts:
+        results = [_measure_variant(v, args, sizes_mb, hosts, link) for v in variants]
     lo, hi = GOAL_RANGE_MB
     in_range = {r["label"]: [p["busbw_gbs"] for p in r["points"] if lo <= p["size_mb"] <= hi]
                 for r in results}
     scored = {k: min(v) for k, v in in_range.items() if v}
     fastest = max(scored, key=scored.get) if scored else None
+    where = (f"one rank on each of {args.ranks} namespaced hosts, links shaped to {args.rate}"
+             if link else "all ranks on one host")
     return {"ranks": args.ranks, "iters": args.iters, "sizes_mb": sizes_mb,
-            "horovod_venv": args.venv_path, "results": results,
+            "hosts": args.ranks if link else 0, "rate": args.rate if link else None,
+            "link_gbs": link, "horovod_venv": args.venv_path, "results": results,
             "fastest_16_64mb": fastest,
             "fastest_min_busbw_16_64mb_gbs": scored.get(fastest),
             "goal_busbw_gbs": GOAL_BUSBW_GBS,
             "goal_met": bool(fastest and scored[fastest] >= GOAL_BUSBW_GBS),
-            "note": "median of iters per size; all ranks on one host; the fastest path is "
+            "note": f"median of iters per size; {where}; the fastest path is "
                     "the one whose slowest size in 16-64 MB is fastest"}
+
+
+def _measure_variant(variant, args, sizes_mb, hosts, link) -> dict:
+    """One variant's points; with a shaped link, busbw as a fraction of it too."""
+    load = runs.load_average()
+    seconds = _measure(variant, args, sizes_mb, hosts)
+    points = []
+    for mb, s in zip(sizes_mb, seconds):
+        algbw = mb * 1e6 / s / 1e9
+        point = {"size_mb": mb, "seconds": s, "algbw_gbs": algbw,
+                 "busbw_gbs": bus_bandwidth(algbw, args.ranks)}
+        if link:
+            point["busbw_over_link"] = point["busbw_gbs"] / link
+        points.append(point)
+    return {"label": variant[0], "engine": variant[1], "controller": variant[2],
+            "knobs": variant[3], "mpi_args": variant[4], "load_avg_1m": load,
+            "load_avg_1m_end": runs.load_average(), "points": points}
 
 
 def table(result: dict) -> str:
@@ -150,11 +187,23 @@ def table(result: dict) -> str:
 
     labels = [r["label"] for r in result["results"]]
     rows = []
+    link = result.get("link_gbs")
     for i, mb in enumerate(result["sizes_mb"]):
         rows.append([f"{mb:g}"] + [r["points"][i]["busbw_gbs"] for r in result["results"]])
+        if link:
+            rows.append([f"{mb:g} /link"] + [r["points"][i]["busbw_over_link"]
+                                              for r in result["results"]])
     rows.append(["load 1m"] + [r["load_avg_1m"] for r in result["results"]])
     out = format_table(["MB \\ busbw GB/s"] + labels, rows)
+    if link:
+        out = (f"{result['ranks']} hosts, links shaped to {result['rate']} "
+               f"({link:.3f} GB/s); '/link' rows: busbw / link rate\n{out}")
     best = result["fastest_16_64mb"]
+    if link:
+        top = max(((p["busbw_over_link"], r["label"], p["size_mb"]) for r in result["results"]
+                   for p in r["points"]), default=None)
+        return out + (f"\nbest: {top[1]} at {top[2]:g} MB, {top[0]:.0%} of the link rate"
+                      if top else "")
     verdict = (f"fastest at 16-64 MB: {best}, min busbw {result['fastest_min_busbw_16_64mb_gbs']:.3f}"
                f" GB/s; goal >= {result['goal_busbw_gbs']} GB/s: "
                f"{'met' if result['goal_met'] else 'NOT met'}") if best else "no size in 16-64 MB"
@@ -167,11 +216,17 @@ def plot(result: dict, fig) -> None:
     for r in result["results"]:
         ax.plot([p["size_mb"] for p in r["points"]], [p["busbw_gbs"] for p in r["points"]],
                 "o-", label=r["label"])
-    ax.axhline(result["goal_busbw_gbs"], color="red", linestyle="--", label="goal")
+    if result.get("link_gbs"):
+        ax.axhline(result["link_gbs"], color="black", linestyle=":",
+                   label=f"link rate ({result['rate']})")
+        where = f"one per host, links at {result['rate']}"
+    else:
+        ax.axhline(result["goal_busbw_gbs"], color="red", linestyle="--", label="goal")
+        where = "on one host"
     ax.set_xscale("log")
     ax.set_xlabel("message size (MB)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"all-reduce, {result['ranks']} ranks on one host")
+    ax.set_title(f"all-reduce, {result['ranks']} ranks {where}")
     ax.legend(fontsize=7)
 
 

@@ -40,11 +40,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=400.0)
 
 
+def comm_seconds(grad_bytes: float, workers: int, busbw_gbs: float) -> float:
+    """Pure function: a ring all-reduce of `grad_bytes` on `workers`, 2(n-1)/n x bytes / busbw."""
+    return (2 * (workers - 1) / workers * grad_bytes / (busbw_gbs * 1e9)) if workers > 1 else 0.0
+
+
 def predict(flops_per_example: float, batch_per_worker: int, grad_bytes: float,
             workers: int, gflops: float, busbw_gbs: float) -> dict:
     """Pure function: the estimate's terms in seconds, and comm/compute."""
     compute = flops_per_example * batch_per_worker / (gflops * 1e9)
-    comm = (2 * (workers - 1) / workers * grad_bytes / (busbw_gbs * 1e9)) if workers > 1 else 0.0
+    comm = comm_seconds(grad_bytes, workers, busbw_gbs)
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm,
             "comm_over_compute": comm / compute if compute else float("inf")}
 

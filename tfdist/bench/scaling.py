@@ -12,13 +12,21 @@ per-worker batch); strong scaling keeps the global batch fixed (= N x
 per-worker batch). In both, speedup = T1/TK for the same amount of work per
 worker (weak: scaled speedup, throughput_K / throughput_1) or in total
 (strong), and efficiency = speedup / K.
+
+`--hosts N --rate R`: worker i runs on namespaced host hi, one per host, over
+links shaped to R (see `tfdist.bench.on_hosts`); the 1-worker baseline runs
+on h0. Beside each K-worker point is `bench comm`'s estimate with the
+measured 1-worker step as the compute term and the link rate as the bus
+bandwidth (the best a ring all-reduce can do): predicted step = compute x
+(per-worker batch / 1-worker batch) + 2(K-1)/K x gradient bytes / link rate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
-from tfdist.bench import runs
+from tfdist.bench import on_hosts, runs
 
 DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, efficiency = speedup/N)"
 # Examples per worker for weak scaling: FINDINGS.md's 4.7M MLP figure used 128.
@@ -50,6 +58,11 @@ def add_arguments(parser) -> None:
                              "'--preempt-check-steps 1000' (quote them as one argument)")
     parser.add_argument("--venv", default=None, help="Horovod venv (default: as horovod-allreduce)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
+    parser.add_argument("--modes", default="weak,strong", help="weak and/or strong")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="N>=2: worker i on namespaced host hi (needs root; sets -n N)")
+    parser.add_argument("--rate", default=None,
+                        help="with --hosts: every link shaped to 1gbit, 10gbit or <n>mbit")
 
 
 def speedups(throughputs: list[float], workers: list[int]) -> tuple[list[float], list[float]]:
@@ -70,11 +83,32 @@ def median_run(tries: list[dict]) -> dict:
             "tries_step_s": [t["step_s"] for t in tries]}
 
 
+def predicted_steps(step_1: float, batches: list[int], workers: list[int], grad_bytes: float,
+                    link_gbs: float) -> list[float]:
+    """Pure function: `bench comm`'s step estimate per point from the measured 1-worker step.
+
+    compute = step_1 x batch_K / batch_1 (per-worker batches), comm = a ring
+    all-reduce of the gradients at the link rate (`comm.comm_seconds`).
+    """
+    from tfdist.bench.comm import comm_seconds
+
+    return [step_1 * b / batches[0] + comm_seconds(grad_bytes, k, link_gbs)
+            for b, k in zip(batches, workers)]
+
+
 def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str) -> list[str]:
     return [recipe, "--strategy", strategy, "--global-batch-size", str(gbs),
             "--epochs", "1", "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
             "--verbose", "0", "--model-dir", model_dir, "--resume", "false",
             "--csv-log", "false", *getattr(args, "train_flags", "").split()]
+
+
+def _venv(args) -> str:
+    venv = runs.horovod_venv(args.venv)
+    if venv is None:
+        raise SystemExit("error: --strategies horovod needs the Horovod venv. "
+                         "HINT: run scripts/install_horovod.sh")
+    return venv
 
 
 def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str) -> dict:
@@ -86,12 +120,22 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
         # a `--threads 1` synthetic_cnn worker used 1.5 cores here (user/wall time),
         # so 1 worker would get more of this host than each of 2 does.
         env["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
+    hosts = getattr(args, "hosts_cluster", None)
+    if hosts is not None:
+        # One worker runs `single` (on h0): the baseline pays for no collective at all.
+        train = _train_args(args, recipe, "single" if workers == 1 else strategy, gbs, model_dir)
+        load = runs.load_average()
+        if strategy == "horovod" and workers > 1:
+            result = on_hosts.run_horovod(hosts, _venv(args), workers, args.controller,
+                                          "tfdist.bench.train_worker", train, args.timeout, env,
+                                          what=f"scaling run {label}")[0]
+        else:
+            result = on_hosts.run_workers(hosts, workers, "tfdist.bench.train_worker", train,
+                                          args.timeout, env, what=f"scaling run {label}")[0]
+        return {**result, "workers": workers, "load_avg_1m": load}
     if strategy == "horovod":
-        venv = runs.horovod_venv(args.venv)
-        if venv is None:
-            raise SystemExit("error: --strategies horovod needs the Horovod venv. "
-                             "HINT: run scripts/install_horovod.sh")
-        cmd = runs.horovod_command(venv, workers, args.controller, "tfdist.bench.train_worker",
+        cmd = runs.horovod_command(_venv(args), workers, args.controller,
+                                   "tfdist.bench.train_worker",
                                    _train_args(args, recipe, "horovod", gbs, model_dir))
     else:
         # One worker runs `single`: the baseline pays for no collective at all.
@@ -105,13 +149,44 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
 
 def run(args) -> dict:
     """Runs every (recipe, strategy, mode, K) point; returns the curves."""
+    link = on_hosts.check_args(getattr(args, "hosts", 0), getattr(args, "rate", None))
+    modes = [m for m in getattr(args, "modes", ",".join(MODES)).split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        raise SystemExit(f"error: --modes takes weak and/or strong. Received: {args.modes!r}.")
+    strategies = [s for s in args.strategies.split(",") if s]
+    if link:
+        args.workers = args.hosts
+        if "shm" in strategies:
+            raise SystemExit("error: --strategies shm is one host's shared memory; it cannot "
+                             "run with --hosts. Pass --strategies multi_worker (or horovod).")
+    with (on_hosts.shaped_hosts(args.hosts, args.rate) if link
+          else contextlib.nullcontext()) as hosts:
+        args.hosts_cluster = hosts
+        results = _run_points(args, modes, strategies, link)
+    args.hosts_cluster = None
+    first_recipe = next(iter(results))
+    headline = results[first_recipe][next(iter(results[first_recipe]))]
+    where = (f"worker i on namespaced host hi, links shaped to {args.rate}" if link
+             else "all workers on one host")
+    return {**{m: {k: headline[m][k] for k in ("workers", "speedup", "efficiency")}
+               for m in modes},
+            "headline": first_recipe, "results": results, "threads": args.threads,
+            "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
+            "steps": args.steps, "warmup_steps": args.warmup, "repeats": args.repeats,
+            "hosts": args.workers if link else 0, "rate": args.rate if link else None,
+            "link_gbs": link,
+            "note": f"examples/s after the warm-up steps; 1 worker runs `single`; {where}"}
+
+
+def _run_points(args, modes, strategies, link) -> dict:
     counts = list(range(1, args.workers + 1))
     results = {}
     for recipe in [r for r in args.recipes.split(",") if r]:
         per_worker = args.per_worker_batch or PER_WORKER.get(recipe, 64)
-        for strategy in [s for s in args.strategies.split(",") if s]:
+        grad_bytes = _grad_bytes(recipe) if link else None
+        for strategy in strategies:
             curves = {}
-            for mode in MODES:
+            for mode in modes:
                 tries = {k: [] for k in counts}
                 for rep in range(max(1, args.repeats)):
                     for k in counts:
@@ -125,45 +200,66 @@ def run(args) -> dict:
                                 "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
                                 "global_batch_size": [p["global_batch_size"] for p in points],
                                 "runs": points}
+                if link:
+                    batches = [p["global_batch_size"] // k for p, k in zip(points, counts)]
+                    pred = predicted_steps(points[0]["step_s"], batches, counts, grad_bytes, link)
+                    curves[mode].update(
+                        grad_bytes=grad_bytes, predicted_step_s=pred,
+                        # throughput_K / (K x throughput_1), with the predicted step.
+                        predicted_efficiency=[points[0]["step_s"] * b / batches[0] / p
+                                              for p, b in zip(pred, batches)])
             results.setdefault(recipe, {})[strategy] = curves
-    first_recipe = next(iter(results))
-    headline = results[first_recipe][next(iter(results[first_recipe]))]
-    return {"weak": {k: headline["weak"][k] for k in ("workers", "speedup", "efficiency")},
-            "strong": {k: headline["strong"][k] for k in ("workers", "speedup", "efficiency")},
-            "headline": first_recipe, "results": results, "threads": args.threads,
-            "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
-            "steps": args.steps, "warmup_steps": args.warmup, "repeats": args.repeats,
-            "note": "examples/s after the warm-up steps; 1 worker runs `single`; "
-                    "all workers on one host"}
+    return results
+
+
+def _grad_bytes(recipe: str) -> int:
+    from tfdist.bench.comm import model_stats
+
+    return model_stats(recipe)["grad_bytes"]
 
 
 def table(result: dict) -> str:
-    """One row per (recipe, strategy, mode, workers)."""
+    """One row per (recipe, strategy, mode, workers); with --hosts, the prediction beside."""
     from tfdist.bench.report import format_table
 
+    link = result.get("link_gbs")
     rows = []
     for recipe, by_strategy in result["results"].items():
         for strategy, curves in by_strategy.items():
-            for mode in MODES:
-                c = curves[mode]
+            for mode, c in curves.items():
                 for i, k in enumerate(c["workers"]):
-                    rows.append([recipe, strategy, mode, k, c["global_batch_size"][i],
-                                 c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
-                                 c["efficiency"][i], c["runs"][i]["load_avg_1m"]])
-    return format_table(["recipe", "strategy", "mode", "workers", "global batch", "step ms",
-                         "examples/s", "speedup", "efficiency", "load 1m"], rows)
+                    row = [recipe, strategy, mode, k, c["global_batch_size"][i],
+                           c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
+                           c["efficiency"][i]]
+                    if link:
+                        row += [c["predicted_step_s"][i] * 1e3, c["predicted_efficiency"][i]]
+                    rows.append(row + [c["runs"][i]["load_avg_1m"]])
+    head = ["recipe", "strategy", "mode", "workers", "global batch", "step ms", "examples/s",
+            "speedup", "efficiency"]
+    if link:
+        head += ["predicted step ms", "predicted efficiency"]
+    out = format_table(head + ["load 1m"], rows)
+    if link:
+        out = (f"worker i on host hi, links shaped to {result['rate']} ({link:.3f} GB/s); "
+               "predicted: measured 1-worker compute + ring all-reduce at the link rate\n" + out)
+    return out
 
 
 def plot(result: dict, fig) -> None:
-    """Efficiency per worker count, weak and strong, per recipe/strategy."""
-    axes = fig.subplots(1, 2)
-    for ax, mode in zip(axes, MODES):
+    """Efficiency per worker count, per mode, per recipe/strategy (and predicted, --hosts)."""
+    modes = [m for m in MODES if m in result]
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    for ax, mode in zip(axes, modes):
         for recipe, by_strategy in result["results"].items():
             for strategy, curves in by_strategy.items():
                 c = curves[mode]
-                ax.plot(c["workers"], c["efficiency"], "o-", label=f"{recipe} ({strategy})")
+                line = ax.plot(c["workers"], c["efficiency"], "o-", label=f"{recipe} ({strategy})")
+                if "predicted_efficiency" in c:
+                    ax.plot(c["workers"], c["predicted_efficiency"], "x--",
+                            color=line[0].get_color(), label=f"{recipe} ({strategy}), predicted")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xlabel("workers")
+        ax.set_xlabel("workers" + (f" (one per host, {result['rate']})" if result.get("rate")
+                                   else ""))
         ax.set_ylabel("efficiency (speedup / N)")
         ax.set_ylim(0, 1.2)
         ax.set_title(f"{mode} scaling")

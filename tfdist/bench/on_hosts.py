@@ -1,0 +1,152 @@
+"""Benchmark processes on namespaced hosts over shaped links (`--hosts N --rate R`).
+
+`allreduce` and `scaling` take `--hosts N --rate R`: a `tfdist.hosts` cluster
+named `tfdist-bench` of N hosts whose links are shaped to R (tbf, both
+directions) is made for the run and removed after; worker i runs on host hi,
+one per host, so every byte of a collective crosses a shaped link. MWMS
+workers get a TF_CONFIG naming the hosts by address; Horovod ranks are
+started by `horovodrun -H h0:1,h1:1,...` run on h0, which reaches the other
+hosts over ssh, as on real machines. Needs root (see `tfdist.hosts`).
+Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfdist.bench import runs
+
+CLUSTER = "tfdist-bench"
+PORT = 23456  # every host has its own network stack: one fixed port serves all
+
+
+def link_gbs(rate: str) -> float:
+    """Pure function: a link rate ('1gbit', '10gbit', '500mbit') in GB/s (1e9 bytes/s).
+
+    Raises:
+        ValueError: for 'none' or an unreadable rate: a bandwidth benchmark needs a shaped link.
+    """
+    from tfdist.hosts import plan
+
+    bits = plan.parse_rate(rate)
+    if bits is None:
+        raise ValueError("--hosts needs a shaped link: pass --rate 1gbit, 10gbit or <n>mbit. "
+                         f"Received: --rate {rate!r}.")
+    return bits / 8 / 1e9
+
+
+def check_args(hosts: int, rate: str | None) -> float | None:
+    """Validates `--hosts N --rate R` before anything starts; the link in GB/s, or None.
+
+    Raises:
+        SystemExit: one line saying what was received and what to pass instead.
+    """
+    if not hosts:
+        if rate:
+            raise SystemExit(f"error: --rate {rate} needs --hosts N (the links it shapes).")
+        return None
+    if hosts < 2:
+        raise SystemExit(f"error: --hosts must be at least 2. Received: --hosts {hosts}.")
+    try:
+        return link_gbs(rate or "none")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+@contextlib.contextmanager
+def shaped_hosts(num_hosts: int, rate: str):
+    """A fresh `tfdist-bench` cluster of `num_hosts` hosts at `rate`, always removed after."""
+    from tfdist.hosts import Cluster, unavailable
+
+    reason = unavailable()
+    if reason:
+        raise SystemExit(f"error: --hosts needs namespaced hosts: {reason}")
+    cluster = Cluster(CLUSTER)
+    cluster.down()  # what a killed earlier run left
+    cluster.up(num_hosts, rate=rate)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def tf_configs(addresses: list[str], port: int = PORT) -> list[dict]:
+    """Pure function: one TF_CONFIG per worker, worker i at addresses[i]:port."""
+    workers = [f"{a}:{port}" for a in addresses]
+    return [{"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+            for i in range(len(workers))]
+
+
+def host_list(cluster, workers: int) -> str:
+    """Pure function of the cluster's layout: horovodrun's `-H h0:1,h1:1,...`."""
+    return ",".join(f"{h.name}:1" for h in cluster.hosts[:workers])
+
+
+def _env(extra: dict | None) -> dict:
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": runs.REPO, **(extra or {})}
+
+
+def run_workers(cluster, workers: int, module: str, args: list[str], timeout_s: float,
+                env: dict | None = None, what: str = "benchmark") -> list[dict]:
+    """`python -m MODULE ARGS` on hosts h0..h{workers-1}; returns worker 0's result lines.
+
+    One worker alone gets no TF_CONFIG (it runs `single`). On failure or
+    timeout every worker is killed.
+
+    Raises:
+        RuntimeError: when a worker fails or worker 0 prints no result, with the output's tail.
+    """
+    configs = tf_configs([h.address for h in cluster.hosts[:workers]]) if workers > 1 else [None]
+    procs, outs = [], []
+    try:
+        for i, cfg in enumerate(configs):
+            out = tempfile.TemporaryFile(mode="w+")
+            outs.append(out)
+            extra = {**(env or {}), **({"TF_CONFIG": json.dumps(cfg)} if cfg else {})}
+            procs.append(cluster.popen(cluster.hosts[i].name, [sys.executable, "-m", module, *args],
+                                       env=_env(extra), cwd=runs.REPO, stdout=out,
+                                       stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = []
+    for out in outs:
+        out.seek(0)
+        texts.append(out.read())
+        out.close()
+    results = runs.parse(texts[0])
+    if any(p.returncode != 0 for p in procs) or not results:
+        codes = [p.returncode for p in procs]
+        raise RuntimeError(f"{what} on hosts failed (exit codes {codes}): python -m {module}\n"
+                           + "\n".join(f"--- worker {i}:\n{t[-2000:]}" for i, t in enumerate(texts)))
+    return results
+
+
+def run_horovod(cluster, venv: str, workers: int, controller: str, module: str,
+                args: list[str], timeout_s: float, env: dict | None = None,
+                mpi_args: str = "", what: str = "benchmark") -> list[dict]:
+    """`horovodrun -np N -H h0:1,.. --gloo|--mpi` run on h0; returns its result lines."""
+    cmd = runs.horovod_command(venv, workers, controller, module, args, mpi_args)
+    # runs.horovod_command places every rank on localhost: put them on the hosts instead.
+    cmd[cmd.index("-H") + 1] = host_list(cluster, workers)
+    proc = subprocess.run(cluster.command("h0", cmd), capture_output=True, text=True,
+                          timeout=timeout_s, env=_env(env), cwd=runs.REPO)
+    results = runs.parse(proc.stdout)
+    if proc.returncode != 0 or not results:
+        raise RuntimeError(f"{what} on hosts failed (rc={proc.returncode}): {' '.join(cmd)}\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return results
