@@ -32,7 +32,8 @@ def _vars(scale=1.0, shape=(2, 3)):
             [Var("sgd/iteration", 7.0 * scale)])
 
 
-META = {"recipe": "digits_mlp", "num_replicas": 2, "global_batch_size": 64}
+META = {"recipe": "digits_mlp", "strategy": "multi_worker", "num_replicas": 2,
+        "global_batch_size": 64, "accumulate": 1}
 
 
 def _expected(model, opt, **over):
@@ -106,7 +107,7 @@ def test_flipped_bytes_fail_the_checksum(tmp_path):
 @pytest.mark.parametrize("over, message", [
     ({"recipe": "synthetic_cnn"},
      r"written with recipe='digits_mlp' but this run has recipe='synthetic_cnn'"),
-    ({"num_replicas": 1}, r"written with num_replicas=2 but this run has num_replicas=1"),
+    ({"accumulate": 2}, r"written with accumulate=1 but this run has accumulate=2"),
     ({"global_batch_size": 32}, r"global_batch_size=64 but this run has global_batch_size=32"),
 ])
 def test_foreign_backup_is_refused(tmp_path, over, message):
@@ -116,6 +117,17 @@ def test_foreign_backup_is_refused(tmp_path, over, message):
     record, _ = store.load(path)
     with pytest.raises(CheckpointError, match=message):
         store.check_compatible(path, record, _expected(model, opt, **over))
+
+
+def test_other_replica_count_and_strategy_resume(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars()
+    store.save(TrainState(epoch=1, global_step=5), model, opt, META)
+    fresh, fresh_opt = _vars(scale=0.0)
+    state, _ = store.resume(True, {**META, "strategy": "horovod", "num_replicas": 3},
+                            fresh, fresh_opt)
+    assert state.global_step == 5 and fresh[0].value[0, 0] == 1.0
+    assert (store.record["strategy"], store.record["num_replicas"]) == ("multi_worker", 2)
 
 
 def test_model_shape_mismatch_is_refused(tmp_path):

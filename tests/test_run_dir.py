@@ -46,6 +46,21 @@ def test_run_config_leaves_out_run_control_and_differences_name_each_option():
                                         "--seed 0 there, 1 here"]  # auto matches any strategy
 
 
+def test_data_parallel_strategies_and_devices_are_not_the_identity():
+    mwms = run_dir.run_config(_cfg(strategy="multi_worker"))
+    for here in (_cfg(strategy="single"), _cfg(strategy="mirrored", devices=3),
+                 _cfg(strategy="horovod"), _cfg(strategy="shm")):
+        assert run_dir.differences(mwms, run_dir.run_config(here)) == []
+    assert run_dir.differences(mwms, run_dir.run_config(_cfg(strategy="pipeline"))) == [
+        "--strategy 'multi_worker' there, 'pipeline' here"]
+    mp = run_dir.run_config(_cfg(strategy="model_parallel", devices=2))
+    assert run_dir.differences(mp, run_dir.run_config(_cfg(strategy="model_parallel"))) == [
+        "--devices 2 there, 0 here"]
+    assert run_dir.differences(mwms, run_dir.run_config(
+        _cfg(strategy="single", global_batch_size=96))) == [
+        "--global-batch-size 64 there, 96 here"]
+
+
 def test_inspect_fresh_resumable_finished_and_different(tmp_path):
     cfg = _cfg(epochs=2)
     assert run_dir.inspect(str(tmp_path), cfg) == run_dir.Found()

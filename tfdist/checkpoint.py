@@ -104,7 +104,8 @@ class ChiefWriter:
 # every model variable (weights, non-trainable state, RNG seed-generator
 # state), every optimizer variable, and a JSON record of where training was
 # (epoch, step in epoch, global step), what wrote it (recipe, variable
-# signature, replicas, global batch) and a SHA-256 of the arrays. Values are
+# signature, global batch, and, for the record only, the strategy and replica
+# count) and a SHA-256 of the arrays. Values are
 # read from mirrored variables locally, which needs no collective, so other
 # workers never write anything, not even to a temporary place.
 
@@ -159,6 +160,7 @@ class BackupStore:
         self.is_chief = is_chief
         self.keep = max(1, keep)
         self.skipped: list[tuple[str, str]] = []  # (path, why) passed over by `resume`
+        self.record: dict | None = None  # the meta record `resume` restored from
 
     def paths(self) -> list[str]:
         """Backup files, oldest first."""
@@ -184,7 +186,8 @@ class BackupStore:
             state: Training position to record.
             model_vars: Model variables (`model.variables`).
             optimizer_vars: Optimizer variables (`optimizer.variables`).
-            meta: What identifies the run (recipe, num_replicas, ...).
+            meta: What identifies the run (recipe, global_batch_size, ...) and
+                what ran it (strategy, num_replicas), recorded as given.
         """
         if not self.is_chief:
             return None
@@ -232,19 +235,26 @@ class BackupStore:
     def check_compatible(path: str, record: dict, expected: dict) -> None:
         """Refuses a backup written by a different run.
 
+        The strategy and replica count are not compared: every global batch
+        holds the same examples whatever the number of replicas, and every
+        replica holds the same weights, so a data-parallel backup resumes on
+        any number of replicas at the same global batch with the same math.
+
         Args:
             path: The backup's file (named in the error).
             record: Its meta record.
             expected: This run's values for the same keys (recipe,
-                num_replicas, global_batch_size, model_signature,
+                global_batch_size, accumulate, model_signature,
                 optimizer_signature).
 
         Raises:
-            CheckpointError: naming the first mismatch.
+            CheckpointError: naming the first mismatch and both values.
         """
         hint = "Use another --model-dir, or pass --no-resume to start fresh there."
-        for key in ("recipe", "num_replicas", "global_batch_size"):
-            if record.get(key) != expected[key]:
+        for key in ("recipe", "global_batch_size", "accumulate"):
+            if key not in record and key == "accumulate":
+                continue  # an older tfdist did not record it
+            if key in expected and record.get(key) != expected[key]:
                 raise CheckpointError(
                     f"Backup {path} cannot be resumed: it was written with {key}="
                     f"{record.get(key)!r} but this run has {key}={expected[key]!r}. {hint}")
@@ -271,7 +281,7 @@ class BackupStore:
         Args:
             enabled: False for --no-resume: the chief deletes old backups, which
                 would otherwise shadow the new run's.
-            meta: This run's identity (recipe, num_replicas, global_batch_size)
+            meta: This run's identity (recipe, global_batch_size, accumulate)
                 and, when known, its data layout (steps_per_epoch).
             model_vars: Model variables to fill.
             optimizer_vars: Optimizer variables to fill (built already).
@@ -309,6 +319,7 @@ class BackupStore:
             **meta, "model_signature": signature(model_vars),
             "optimizer_signature": signature(optimizer_vars)})
         state = TrainState(**record["state"])
+        self.record = record
         if "steps_per_epoch" in meta:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():

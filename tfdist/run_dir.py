@@ -14,6 +14,8 @@ TensorFlow starts, a rerun compares it with the newest backup's record:
 The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Ndev]`, one per launch
 shape, so the README's launch modes never meet in one directory; what is
 left to collide there (learning rate, batch, precision, ...) is refused by name.
+A run moved to another launch shape (fewer workers, another data-parallel
+strategy) names its old directory with --model-dir and resumes there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ RUN_CONTROL = frozenset({
     "preempt_check_steps", "csv_log", "tensorboard", "status_file", "model_dir", "threads",
     "inter_op_threads", "collective", "collective_timeout_s", "deterministic",
     "straggler_delay_ms", "straggler_worker", "steps_per_epoch"})
+
+# Synchronous data-parallel strategies compute the same math on any number of
+# replicas at one global batch (every global batch holds the same examples, all
+# replicas hold the same weights), so a run may move between them and between
+# replica counts: the strategy and --devices are how it is run, not what it
+# computes. `auto` resolves to one of them (or to parameter_server, whose
+# backups name their recipe and variables anyway).
+DATA_PARALLEL = frozenset({"auto", "single", "mirrored", "multi_worker", "horovod", "shm"})
 
 
 def run_config(cfg: dict) -> dict:
@@ -50,13 +60,17 @@ def default_model_dir(recipe_name: str, cfg: dict, num_workers: int) -> str:
 def differences(recorded: dict, current: dict) -> list[str]:
     """Pure function: 'key: A there, B here' for each option that differs.
 
-    `strategy: auto` matches any strategy (auto picks by environment); keys
-    only one side knows (an option added since) are ignored.
+    `strategy: auto` matches any strategy (auto picks by environment); between
+    data-parallel strategies neither the strategy nor --devices counts (see
+    `DATA_PARALLEL`); keys only one side knows (an option added since) are ignored.
     """
     out = []
+    portable = {recorded.get("strategy"), current.get("strategy")} <= DATA_PARALLEL
     for key in sorted(recorded.keys() & current.keys()):
         a, b = recorded[key], current[key]
         if key == "strategy" and "auto" in (a, b):
+            continue
+        if key in ("strategy", "devices") and portable:
             continue
         if a != b:
             out.append(f"--{key.replace('_', '-')} {a!r} there, {b!r} here")

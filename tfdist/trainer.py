@@ -298,7 +298,9 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
 
     # --- resume ---------------------------------------------------------
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
-    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": replicas, "global_batch_size": gbs,
+    # The strategy and replica count are recorded, not matched (see check_compatible).
+    meta = {"recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
+            "global_batch_size": gbs, "accumulate": cfg["accumulate"],
             "steps_per_epoch": steps_per_epoch,
             "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}  # for reruns
     try:
@@ -311,6 +313,11 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
     if restored:
         _log(cluster, f"resumed from {backup}: epoch {state.epoch}, step "
                       f"{state.step_in_epoch} of {steps_per_epoch} (global step {state.global_step})")
+        was = (store.record.get("num_replicas"), store.record.get("strategy"))
+        if was != (replicas, name) and None not in was:
+            _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
+                          f"replica{'s' if replicas != 1 else ''} ({name}), at the same global "
+                          f"batch {gbs}: the same examples per step, the same math")
     elif backup:
         _log(cluster, f"--no-resume: removed old backups in {store.directory}")
 

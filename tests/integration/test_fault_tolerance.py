@@ -163,9 +163,12 @@ def test_backup_from_other_run_is_refused(baseline, tmp_path):
     assert proc.returncode == exit_codes.CONFIG, tail(proc)
     assert "cannot be resumed: it was written with recipe='digits_mlp' but this run has " \
            "recipe='synthetic_cnn'" in proc.stderr
-    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--model-dir", copy, "--epochs", "5"])
+    # Another replica count resumes (tests/integration/test_elastic.py); another batch does not.
+    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--model-dir", copy, "--epochs", "5",
+                   "--global-batch-size", "32"])
     assert proc.returncode == exit_codes.CONFIG, tail(proc)
-    assert "written with num_replicas=2 but this run has num_replicas=1" in proc.stderr
+    assert "--global-batch-size 64 there, 32 here" in proc.stderr
+    assert "per_replica_batch_size" not in proc.stdout  # refused before TensorFlow started
 
 
 def test_truncated_backup_is_a_clear_error_and_no_resume_starts_fresh(tmp_path):

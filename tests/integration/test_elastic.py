@@ -1,0 +1,143 @@
+"""Real processes: a backup resumes on another replica count or data-parallel strategy.
+
+Every run trains digits_mlp for 4 epochs (14 steps each) of plain SGD at global
+batch 96 with deterministic ops, backing up every 4 steps. Whatever ran the
+first part (2 MWMS workers, 2 shm ranks, 2 Horovod ranks) and whatever resumes
+it (1 process, 3 workers, ...), the final weights must equal those of one
+uninterrupted single-replica run: every global batch holds the same examples
+whatever the number of replicas. (A changed global batch is refused:
+test_fault_tolerance.py::test_backup_from_other_run_is_refused.)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import WORKERS, run_py, tail
+from tests.integration.test_horovod import VENV, _env, horovodrun
+
+pytestmark = pytest.mark.integration
+
+DUMP = os.path.join(WORKERS, "train_dump.py")
+COMMON = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size", "96",
+          "--learning-rate", "0.1", "--verbose", "0", "--threads", "1",
+          "--save-every-steps", "4"]
+# Worker 1 dies after its 22nd step: epoch 1, step 8 of 14; the newest backup is step 20.
+KILL = ["--kill-worker", "1", "--kill-at-step", "22"]
+
+
+def _weights(dump_dir, prefix="w"):
+    out = []
+    for f in sorted(os.listdir(dump_dir)):
+        d = np.load(os.path.join(dump_dir, f))
+        keys = sorted((k for k in d.files if k.startswith(prefix) and k[1:].isdigit()),
+                      key=lambda k: int(k[1:]))
+        out.append([d[k] for k in keys])
+    return out
+
+
+def _assert_equal(baseline, dump_dir, workers):
+    got = _weights(dump_dir)
+    assert len(got) == workers
+    for weights in got:
+        assert len(weights) == len(baseline) == 4
+        for a, b in zip(weights, baseline):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _run(n, dump, model_dir, strategy, epochs=4, faults=()):
+    """`n` workers under tfdist.launch (n=1: one plain process)."""
+    args = [DUMP, dump, *faults, *COMMON, "--epochs", str(epochs), "--strategy", strategy,
+            "--model-dir", model_dir]
+    if n == 1:
+        return run_py(args)
+    return run_py(["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--",
+                   sys.executable, *args])
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("elastic")
+    proc = _run(1, str(tmp / "dump"), str(tmp / "model"), "single")
+    assert proc.returncode == 0, tail(proc)
+    return _weights(str(tmp / "dump"))[0]
+
+
+def _killed(tmp_path, strategy):
+    """A model dir left by 2 `strategy` workers killed mid-epoch."""
+    model_dir = str(tmp_path / f"killed-{strategy}")
+    proc = _run(2, str(tmp_path / "unused"), model_dir, strategy,
+                faults=[*KILL, "--marker", str(tmp_path / f"marker-{strategy}")])
+    assert proc.returncode != 0 and "FAULT: worker 1 SIGKILLs itself" in proc.stdout, tail(proc)
+    assert sorted(os.listdir(os.path.join(model_dir, "backup")))[-1] == "ckpt-0000000020.npz"
+    return model_dir
+
+
+def test_two_workers_killed_mid_epoch_resume_on_one_and_on_three(baseline, tmp_path):
+    model_dir = _killed(tmp_path, "multi_worker")
+    three = str(tmp_path / "three")
+    shutil.copytree(model_dir, three)
+
+    proc = _run(1, str(tmp_path / "dump1"), model_dir, "single")
+    assert proc.returncode == 0, tail(proc)
+    assert "epoch 1, step 6 of 14 (global step 20)" in proc.stdout, tail(proc)
+    assert "resumed from a 2-replica multi_worker backup on 1 replica (single)" in proc.stdout
+    _assert_equal(baseline, str(tmp_path / "dump1"), 1)
+
+    proc = _run(3, str(tmp_path / "dump3"), three, "multi_worker")
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from a 2-replica multi_worker backup on 3 replicas (multi_worker)" in (
+        proc.stdout), tail(proc)
+    _assert_equal(baseline, str(tmp_path / "dump3"), 3)
+
+
+def test_shm_backup_resumes_under_single(baseline, tmp_path):
+    model_dir = _killed(tmp_path, "shm")
+    proc = _run(1, str(tmp_path / "dump"), model_dir, "single")
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from a 2-replica shm backup on 1 replica (single)" in proc.stdout, tail(proc)
+    _assert_equal(baseline, str(tmp_path / "dump"), 1)
+
+
+@pytest.fixture(scope="module")
+def venv():
+    if not os.access(os.path.join(VENV, "bin", "horovodrun"), os.X_OK):
+        reason = f"no Horovod venv at {VENV} (TFDIST_HOROVOD_VENV): run scripts/install_horovod.sh"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Horovod tests, but {reason}")
+        pytest.skip(reason)
+    return VENV
+
+
+def _horovod(venv, dump, model_dir, epochs):
+    """2 Horovod ranks (Gloo) in the Horovod venv (TensorFlow 2.18)."""
+    return horovodrun(venv, 2, "gloo", [
+        os.path.join(WORKERS, "hvd_train_dump.py"), dump, *COMMON, "--epochs", str(epochs),
+        "--strategy", "horovod", "--model-dir", model_dir])
+
+
+def test_horovod_backup_resumes_under_multi_worker_and_back(venv, baseline, tmp_path):
+    # Horovod's first 2 epochs, then 2 MWMS workers (another TensorFlow) the last 2.
+    model_dir = str(tmp_path / "hvd-first")
+    proc = _horovod(venv, str(tmp_path / "unused"), model_dir, epochs=2)
+    assert proc.returncode == 0, tail(proc)
+    proc = _run(2, str(tmp_path / "dump-mw"), model_dir, "multi_worker")
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from a 2-replica horovod backup on 2 replicas (multi_worker)" in (
+        proc.stdout), tail(proc)
+    _assert_equal(baseline, str(tmp_path / "dump-mw"), 2)
+
+    # And the reverse: MWMS's first 2 epochs, Horovod's last 2.
+    model_dir = str(tmp_path / "mw-first")
+    proc = _run(2, str(tmp_path / "unused2"), model_dir, "multi_worker", epochs=2)
+    assert proc.returncode == 0, tail(proc)
+    proc = _horovod(venv, str(tmp_path / "dump-hvd"), model_dir, epochs=4)
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from a 2-replica multi_worker backup on 2 replicas (horovod)" in (
+        proc.stdout), tail(proc)
+    _assert_equal(baseline, str(tmp_path / "dump-hvd"), 2)
