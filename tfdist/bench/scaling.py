@@ -29,7 +29,7 @@ import os
 from tfdist.bench import on_hosts, runs
 
 DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, efficiency = speedup/N)"
-# Examples per worker for weak scaling: FINDINGS.md's 4.7M MLP figure used 128.
+# Examples per worker for weak scaling: the 4.7M MLP's earlier measurements used 128.
 PER_WORKER = {"synthetic_cnn": 64, "wide_mlp": 128}
 MODES = ("weak", "strong")
 
