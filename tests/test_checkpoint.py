@@ -150,6 +150,15 @@ def test_describe_peer_failure_names_the_other_worker():
     assert describe_peer_failure("/job:worker/replica:0/task:0/device:CPU:0 only", info) is None
 
 
+def test_describe_peer_failure_names_the_lost_host_next_to_its_address():
+    info = detect({"TF_CONFIG": '{"cluster": {"worker": ["198.18.0.1:5000", "198.18.0.2:5001"]}, '
+                                '"task": {"type": "worker", "index": 0}}'})
+    msg = "unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
+    names = {"198.18.0.2": "h1"}
+    assert describe_peer_failure(msg, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
+    assert describe_peer_failure(msg, info, lambda a: None) == "worker 1 (198.18.0.2:5001)"
+
+
 def test_preemption_check_period():
     from tfdist.preemption import MULTI_PROCESS_CHECK_STEPS, default_check_steps
 

@@ -144,3 +144,25 @@ def test_sigint_waits_for_workers_to_save_and_reports_each():
     assert "[worker 0] saved" in out and "[worker 1] saved" in out  # not stopped mid-save
     assert ("tfdist.launch: SIGINT: worker 0 interrupted (exit code 130), worker 1 interrupted "
             "(exit code 130).") in err
+
+
+def test_tf_configs_across_hosts_name_each_hosts_address():
+    endpoints = [("198.18.0.1", 2000), ("198.18.0.1", 2001), ("198.18.0.2", 2000)]
+    configs = launch.worker_tf_configs(endpoints)
+    assert configs[2] == {"cluster": {"worker": ["198.18.0.1:2000", "198.18.0.1:2001",
+                                                 "198.18.0.2:2000"]},
+                          "task": {"type": "worker", "index": 2}}
+    ps = launch.ps_tf_configs(1, 1, [("198.18.0.1", 1), ("198.18.0.1", 2), ("198.18.0.2", 3)])
+    assert ps[2] == ("ps 0", {"cluster": {"chief": ["198.18.0.1:1"], "worker": ["198.18.0.1:2"],
+                                          "ps": ["198.18.0.2:3"]},
+                              "task": {"type": "ps", "index": 0}})
+
+
+def test_hosts_flags_are_checked_before_any_ssh():
+    for args, msg in ((["--hosts", "h0:2", "-n", "2"], "-n N is for workers on this machine"),
+                      (["--hosts", "h0:1,h0:1"], "lists 'h0' twice"),
+                      (["--hosts", "h0:1", "--ps", "1", "--workers", "1"],
+                       "3 tasks do not fit in the 1 slot(s)"),
+                      (["-n", "2", "--ssh-config", "/x"], "--ssh-config and -x go with --hosts")):
+        proc = run_py(["-m", "tfdist.launch", *args, "--", "true"], timeout=60)
+        assert proc.returncode == 2 and msg in proc.stderr, (args, proc.stderr)

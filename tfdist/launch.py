@@ -16,8 +16,24 @@ R times), which resume from the chief's last backup. Imports no TensorFlow.
 With `--strategy shm` no TensorFlow server starts: worker 0's port is the
 shared-memory engine's rendezvous.
 
-The gRPC ports TensorFlow opens are unauthenticated; this launcher binds them
-to 127.0.0.1 only.
+`--hosts h0:2,h1:2` starts the workers on other hosts over ssh instead (as
+horovodrun does; see `tfdist.remote`): the slots are filled in order (worker
+0 and 1 on h0, 2 and 3 on h1), each worker's TF_CONFIG names its host's
+address and a port found free there, the launcher's working directory and
+environment (PATH, PYTHONPATH, TF_CPP_MIN_LOG_LEVEL, TFDIST_*, `-x NAME`) go
+with it, and a worker dies with its ssh session, so none outlives the
+launcher on any host. `--ps N --workers M --hosts ...` places the chief,
+workers and ps the same way. ssh uses `--ssh-config FILE`; by default the
+namespaced cluster's (`python -m tfdist.hosts up N`) when it is up, else the
+user's own ssh configuration.
+
+    python -m tfdist.hosts up 2
+    python -m tfdist.launch --hosts h0:1,h1:1 -- python -m tfdist.train digits_mlp --strategy multi_worker
+
+The gRPC ports TensorFlow opens are unauthenticated. Local workers are named
+by 127.0.0.1 and remote ones by their host's address, but TensorFlow's server
+listens on that port on every address of its host (it has no bind-address
+option; measured: `*:PORT` in `ss -ltn`), so run it on a trusted network.
 """
 
 from __future__ import annotations
@@ -33,7 +49,8 @@ import sys
 import threading
 import time
 
-from tfdist import exit_codes
+from tfdist import exit_codes, remote
+from tfdist.errors import ClusterError, ConfigError
 
 HOST = "127.0.0.1"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
@@ -74,27 +91,39 @@ def free_ports(n: int, host: str = HOST) -> list[int]:
             s.close()
 
 
-def worker_tf_configs(ports: list[int], host: str = HOST) -> list[dict]:
-    """Pure function: one TF_CONFIG per worker for a local cluster."""
-    workers = [f"{host}:{p}" for p in ports]
+def _address(endpoint, host: str) -> str:
+    """'host:port' for a port on `host`, or for an (address, port) pair."""
+    if isinstance(endpoint, tuple):
+        return f"{endpoint[0]}:{endpoint[1]}"
+    return f"{host}:{endpoint}"
+
+
+def worker_tf_configs(ports: list, host: str = HOST) -> list[dict]:
+    """Pure function: one TF_CONFIG per worker.
+
+    Args:
+        ports: Ports on `host`, or (address, port) pairs for workers on several hosts.
+        host: The address of every worker given by port alone.
+    """
+    workers = [_address(p, host) for p in ports]
     return [{"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
             for i in range(len(ports))]
 
 
-def ps_tf_configs(num_workers: int, num_ps: int, ports: list[int],
+def ps_tf_configs(num_workers: int, num_ps: int, ports: list,
                   host: str = HOST) -> list[tuple[str, dict]]:
     """Pure function: (label, TF_CONFIG) for a chief, then workers, then ps tasks.
 
     Args:
         num_workers: Worker tasks (they run the training steps).
         num_ps: Parameter-server tasks (they hold the variables).
-        ports: 1 + num_workers + num_ps ports, in that order.
+        ports: 1 + num_workers + num_ps ports (or (address, port) pairs), in that order.
     """
     if len(ports) != 1 + num_workers + num_ps:
         raise ValueError(f"need {1 + num_workers + num_ps} ports. Received: {len(ports)}.")
-    cluster = {"chief": [f"{host}:{ports[0]}"],
-               "worker": [f"{host}:{p}" for p in ports[1:1 + num_workers]],
-               "ps": [f"{host}:{p}" for p in ports[1 + num_workers:]]}
+    cluster = {"chief": [_address(ports[0], host)],
+               "worker": [_address(p, host) for p in ports[1:1 + num_workers]],
+               "ps": [_address(p, host) for p in ports[1 + num_workers:]]}
     tasks = [("chief", 0)] + [("worker", i) for i in range(num_workers)] + [
         ("ps", i) for i in range(num_ps)]
     return [("chief" if t == "chief" else f"{t} {i}",
@@ -139,6 +168,8 @@ def _pump(stream, prefix: str, out, log=None, lock=None) -> None:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
+    # RemoteProcess forwards both through its ssh session; a host that cannot be
+    # reached has its worker stopped by that session's end instead.
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -153,28 +184,37 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 class _TaskGroup:
     """Processes of one launch: spawned with their TF_CONFIGs, output prefixed,
-    SIGINT/SIGTERM forwarded; on exit all are stopped and the handlers restored."""
+    SIGINT/SIGTERM forwarded; on exit all are stopped and the handlers restored.
 
-    def __init__(self, command: list[str], tasks: list[tuple[str, dict]], env: dict | None,
-                 log_dir: str | None = None, append: bool = False):
+    A task is (label, TF_CONFIG) here, or (label, TF_CONFIG, host) to run it on
+    `host` over ssh (`hosts` says how).
+    """
+
+    def __init__(self, command: list[str], tasks: list[tuple], env: dict | None,
+                 log_dir: str | None = None, append: bool = False,
+                 hosts: "_Remote | None" = None):
         base_env = dict(os.environ if env is None else env)
         base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         base_env.setdefault("PYTHONUNBUFFERED", "1")
-        self.labels = [label for label, _ in tasks]
+        self.labels = [task[0] for task in tasks]
         self.procs, self._pumps, self._logs = [], [], []
         self.signalled: int | None = None  # SIGINT/SIGTERM received and forwarded
         self.signalled_at, self.forced = 0.0, False
         launcher_pid = os.getpid()
-        for label, cfg in tasks:
+        for label, cfg, *on in tasks:
             log = lock = None
             if log_dir:  # unprefixed, one file per task, besides the prefixed console
                 log = open(os.path.join(log_dir, log_file_name(label)), "ab" if append else "wb")
                 lock = threading.Lock()
                 self._logs.append(log)
-            p = subprocess.Popen(command, env={**base_env, "TF_CONFIG": json.dumps(cfg)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 stdin=subprocess.DEVNULL,
-                                 preexec_fn=lambda: _child_setup(launcher_pid))
+            task_env = {**base_env, "TF_CONFIG": json.dumps(cfg)}
+            spawn = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: _child_setup(launcher_pid))
+            if on and on[0] is not None:
+                label = f"{label}@{on[0]}"
+                p = hosts.start(on[0], command, task_env, **spawn)
+            else:
+                p = subprocess.Popen(command, env=task_env, stdin=subprocess.DEVNULL, **spawn)
             self.procs.append(p)
             for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
                 t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out, log, lock),
@@ -206,18 +246,58 @@ class _TaskGroup:
         return False
 
 
+class _Remote:
+    """Where remote tasks go: hosts with slots, their addresses, how to ssh there."""
+
+    def __init__(self, hosts: list[tuple[str, int]], ssh_config: str | None,
+                 forward: tuple[str, ...] = ()):
+        self.hosts, self.ssh_config, self.forward = hosts, ssh_config, forward
+        self.addresses = {h: remote.resolve(h, ssh_config) for h, _ in hosts}
+
+    def placement(self, num_tasks: int) -> list[tuple[str, str, int]]:
+        """(host, address, free port) for each task, slots filled in order."""
+        on = remote.place(num_tasks, self.hosts)
+        ports = {h: iter(remote.probe_ports(h, self.addresses[h], on.count(h), self.ssh_config,
+                                            sys.executable))
+                 for h, _ in self.hosts if h in on}
+        return [(h, self.addresses[h], next(ports[h])) for h in on]
+
+    def start(self, host: str, command: list[str], env: dict, **kwargs) -> subprocess.Popen:
+        return remote.RemoteProcess(host, command, remote.forwarded_env(env, self.forward),
+                                    os.getcwd(), self.ssh_config, **kwargs)
+
+
+def _placed(num_tasks: int, where: "_Remote | None") -> tuple[list, list, list[str]]:
+    """(ports, host per task, ' on HOST (ADDRESS)' per task) for local or remote tasks."""
+    if where is None:
+        return free_ports(num_tasks), [None] * num_tasks, [""] * num_tasks
+    placed = where.placement(num_tasks)
+    return ([(a, p) for _, a, p in placed], [h for h, _, _ in placed],
+            [f" on {h} ({a})" for h, a, _ in placed])
+
+
+def _describe(code: int, host: str | None) -> str:
+    if host is not None and code == remote.SSH_FAILED:
+        return f"ssh to {host} failed or lost its connection (ssh exit 255)"
+    return describe_exit(code)
+
+
 # Statuses that a restart cannot fix: bad input, or a requested stop.
 NO_RESTART = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PREEMPTED)
 
 
 def run(num_workers: int, command: list[str], timeout_s: float | None = None,
-        env: dict | None = None, max_restarts: int = 0, log_dir: str | None = None) -> int:
-    """Runs `command` as `num_workers` local workers and supervises them.
+        env: dict | None = None, max_restarts: int = 0, log_dir: str | None = None,
+        hosts: "_Remote | None" = None) -> int:
+    """Runs `command` as `num_workers` workers and supervises them.
 
     When a worker fails, the others are stopped; with restarts left, all
     workers are started again (on fresh ports) and resume from the last
     backup, unless the failure was bad input or a preemption, or the
     launcher itself was interrupted (SIGINT/SIGTERM: a stop, not a failure).
+
+    Args:
+        hosts: Where to start them over ssh (`--hosts`); None: on 127.0.0.1.
 
     Returns:
         0 when every worker exits 0; the failed worker's status when it is a
@@ -228,7 +308,8 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
     attempt = 0
     while True:
         status, failed_code, signalled = _run_once(num_workers, command, deadline, timeout_s,
-                                                   env, log_dir, append=attempt > 0)
+                                                   env, log_dir, append=attempt > 0,
+                                                   hosts=hosts)
         if signalled is not None and status != 0:
             print(f"tfdist.launch: stopped by {signal.Signals(signalled).name}; not "
                   "restarting.", file=sys.stderr, flush=True)
@@ -241,13 +322,14 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
               file=sys.stderr, flush=True)
 
 
-def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, append=False):
+def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, append=False,
+              hosts=None):
     """One launch of all workers: (status, exit code of the failed worker or None,
     the signal the launcher forwarded or None)."""
-    tasks = [(f"worker {i}", cfg)
-             for i, cfg in enumerate(worker_tf_configs(free_ports(num_workers)))]
-    status, message, failed_code = 0, None, None
-    with _TaskGroup(command, tasks, env, log_dir, append) as group:
+    ports, on, where = _placed(num_workers, hosts)
+    tasks = [(f"worker {i}", cfg, on[i]) for i, cfg in enumerate(worker_tf_configs(ports))]
+    status, failed_code = 0, None
+    with _TaskGroup(command, tasks, env, log_dir, append, hosts) as group:
         procs = group.procs
         while True:
             codes = [p.poll() for p in procs]
@@ -264,23 +346,27 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                     message = (f"tfdist.launch: {signal.Signals(group.signalled).name}: "
                                f"{outcomes}.")
                 else:
-                    message = (f"tfdist.launch: worker {i} {describe_outcome(failed_code)}; "
+                    outcome = (f"failed ({_describe(failed_code, on[i])})"
+                               if on[i] and failed_code == remote.SSH_FAILED
+                               else describe_outcome(failed_code))
+                    message = (f"tfdist.launch: worker {i}{where[i]} {outcome}; "
                                f"stopping the other {num_workers - 1} worker(s).")
                 known = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PEER_LOST,
                          exit_codes.PREEMPTED, exit_codes.INTERRUPTED)
                 status = failed_code if failed_code in known else 1
+                # Said now, not after the others are stopped: stopping an unreachable
+                # host's worker takes GRACE_S.
+                print(message, file=sys.stderr, flush=True)
                 break
             if all(c == 0 for c in codes):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 running = [i for i, c in enumerate(codes) if c is None]
-                message = (f"tfdist.launch: timed out after {timeout_s:g}s; "
-                           f"worker(s) {running} still running; stopping them.")
+                print(f"tfdist.launch: timed out after {timeout_s:g}s; worker(s) {running} "
+                      "still running; stopping them.", file=sys.stderr, flush=True)
                 status = 124
                 break
             time.sleep(0.1)
-    if message:
-        print(message, file=sys.stderr, flush=True)
     return status, failed_code, group.signalled
 
 
@@ -288,7 +374,8 @@ PS_GRACE_S = 30.0  # after a ps dies, time the chief gets to report it before be
 
 
 def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float | None = None,
-           env: dict | None = None, log_dir: str | None = None) -> int:
+           env: dict | None = None, log_dir: str | None = None,
+           hosts: "_Remote | None" = None) -> int:
     """Runs `command` as a local parameter-server cluster and supervises it.
 
     The job is the chief's: it ends when the chief exits, and the servers
@@ -297,24 +384,32 @@ def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float |
     takes part of the model with it: the chief is given PS_GRACE_S to report
     that and exit, then everything is stopped.
 
+    Args:
+        hosts: Where to start the tasks over ssh (`--hosts`, filled in the
+            order chief, workers, ps); None: on 127.0.0.1.
+
     Returns:
         The chief's status: 0 on success, 1 if it (or the job) failed, 124 on
         timeout. Causes are printed to stderr.
     """
-    tasks = ps_tf_configs(num_workers, num_ps, free_ports(1 + num_workers + num_ps))
+    ports, on, where = _placed(1 + num_workers + num_ps, hosts)
+    configs = ps_tf_configs(num_workers, num_ps, ports)
+    labels = [label for label, _ in configs]
+    tasks = [(label, cfg, on[i]) for i, (label, cfg) in enumerate(configs)]
 
     def say(message):
         print(f"tfdist.launch: {message}", file=sys.stderr, flush=True)
 
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     reported, ps_deadline, status = set(), None, 0
-    with _TaskGroup(command, tasks, env, log_dir) as group:
-        procs, labels = group.procs, group.labels
+    with _TaskGroup(command, tasks, env, log_dir, hosts=hosts) as group:
+        procs = group.procs
         while True:
             chief = procs[0].poll()
             if chief is not None:
                 if chief != 0:
-                    say(f"chief failed ({describe_exit(chief)}); stopping the servers.")
+                    say(f"chief{where[0]} failed ({_describe(chief, on[0])}); "
+                        "stopping the servers.")
                     status = 1
                 elif ps_deadline is not None:
                     status = 1  # the chief cannot have trained without its ps
@@ -325,10 +420,11 @@ def run_ps(num_workers: int, num_ps: int, command: list[str], timeout_s: float |
                     continue
                 reported.add(i)
                 if label.startswith("worker"):
-                    say(f"{label} exited ({describe_exit(code)}); the coordinator re-runs its "
-                        "steps on the other workers and the job goes on.")
+                    say(f"{label}{where[i]} exited ({_describe(code, on[i])}); the coordinator "
+                        "re-runs its steps on the other workers and the job goes on.")
                 else:
-                    say(f"{label} exited ({describe_exit(code)}); it held model variables, so "
+                    say(f"{label}{where[i]} exited ({_describe(code, on[i])}); it held model "
+                        "variables, so "
                         f"the job cannot finish; giving the chief {PS_GRACE_S:g}s to report.")
                     ps_deadline = time.monotonic() + PS_GRACE_S
             worker_procs = [p for label, p in zip(labels, procs) if label.startswith("worker")]
@@ -362,10 +458,17 @@ def main(argv: list[str] | None = None) -> int:
         description="Run N workers of COMMAND on 127.0.0.1, each with its own TF_CONFIG. "
                     "Everything after '--' is COMMAND, run as is by every worker; its output "
                     "is printed with a [worker I] prefix.",
-        usage="python -m tfdist.launch (-n N | --ps N --workers M) [--timeout S] "
-              "[--max-restarts R] [--log-dir DIR] -- COMMAND ...")
+        usage="python -m tfdist.launch (-n N | --hosts H:S,... | --ps N --workers M "
+              "[--hosts H:S,...]) [--timeout S] [--max-restarts R] [--log-dir DIR] -- COMMAND ...")
     parser.add_argument("-n", "--num-workers", type=int, default=None,
                         help="synchronous workers to start (MWMS, shm)")
+    parser.add_argument("--hosts", default=None,
+                        help="HOST:SLOTS,... (e.g. h0:2,h1:2): start the workers there over ssh")
+    parser.add_argument("--ssh-config", default=None,
+                        help="ssh config for --hosts (default: the namespaced cluster's from "
+                             "`python -m tfdist.hosts up`, when it is up)")
+    parser.add_argument("-x", dest="forward", action="append", default=[], metavar="NAME",
+                        help="also pass environment variable NAME to remote workers")
     parser.add_argument("--ps", type=int, default=None,
                         help="parameter-server cluster: a chief, --workers M workers and N ps")
     parser.add_argument("--workers", type=int, default=None, help="workers, with --ps")
@@ -379,6 +482,44 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(own)
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
+    hosts = None
+    if args.hosts is not None:
+        if args.num_workers is not None:
+            parser.error(f"--hosts {args.hosts} already says how many workers run where; -n N "
+                         f"is for workers on this machine. Received: -n {args.num_workers} "
+                         f"with --hosts {args.hosts}.")
+        try:
+            slots = remote.parse_hosts(args.hosts)
+            if args.ps is not None and args.workers is not None:
+                remote.place(1 + args.ps + args.workers, slots)
+            hosts = _Remote(slots, args.ssh_config or _default_ssh_config(), tuple(args.forward))
+        except ConfigError as e:
+            parser.error(str(e))
+        except ClusterError as e:
+            print(f"tfdist.launch: {e}", file=sys.stderr)
+            return exit_codes.CLUSTER
+        if args.ps is None and args.workers is None:
+            args.num_workers = sum(n for _, n in slots)
+    elif args.ssh_config or args.forward:
+        parser.error("--ssh-config and -x go with --hosts.")
+    try:
+        return _dispatch(parser, args, command, hosts)
+    except ConfigError as e:
+        parser.error(str(e))
+    except ClusterError as e:
+        print(f"tfdist.launch: {e}", file=sys.stderr)
+        return exit_codes.CLUSTER
+
+
+def _default_ssh_config() -> str | None:
+    """The namespaced `tfdist` cluster's ssh config when it is up, else None (the user's)."""
+    from tfdist.hosts import Cluster
+
+    path = Cluster().ssh_config
+    return path if os.path.exists(path) else None
+
+
+def _dispatch(parser, args, command, hosts) -> int:
     if args.ps is not None or args.workers is not None:
         if args.num_workers is not None:
             parser.error("use either -n N (synchronous workers) or --ps N --workers M "
@@ -391,16 +532,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch --ps 1 "
                          "--workers 2 -- python -m tfdist.train digits_mlp "
                          "--strategy parameter_server")
-        return run_ps(args.workers, args.ps, command, args.timeout, log_dir=args.log_dir)
+        return run_ps(args.workers, args.ps, command, args.timeout, log_dir=args.log_dir,
+                      hosts=hosts)
     if args.num_workers is None:
-        parser.error("give -n N, or --ps N --workers M.")
+        parser.error("give -n N, --hosts H:S,..., or --ps N --workers M.")
     if args.num_workers < 1:
         parser.error(f"-n must be >= 1. Received: {args.num_workers}.")
     if not command:
         parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch -n 2 -- "
                      "python -m tfdist.train digits_mlp --strategy multi_worker")
     return run(args.num_workers, command, args.timeout, max_restarts=args.max_restarts,
-               log_dir=args.log_dir)
+               log_dir=args.log_dir, hosts=hosts)
 
 
 if __name__ == "__main__":

@@ -118,21 +118,58 @@ _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 _SHM_PEER = re.compile(r"shared-memory engine: rank (\d+)")  # tfdist.shm's PeerLostError
 
 
-def describe_peer_failure(message: str, cluster) -> str | None:
-    """Pure function: 'worker 1 (host:port)' from a collective's error, if named."""
+def describe_peer_failure(message: str, cluster, name_of=None) -> str | None:
+    """'worker 1 (198.18.0.2:5001, host h1)' from a collective's error, if named.
+
+    Args:
+        message: The collective's error text.
+        cluster: This worker's ClusterInfo (its TF_CONFIG has the addresses).
+        name_of: address -> host name or None (default `host_name`, a lookup in
+            this host's resolver, e.g. /etc/hosts); pure when given.
+    """
+    name_of = host_name if name_of is None else name_of
     for job, task in _PEER.findall(message):
         task = int(task)
         if job == cluster.task_type and task == cluster.task_index:
             continue  # our own device, not the peer
         addresses = (cluster.tf_config or {}).get("cluster", {}).get(job, [])
-        where = f" ({addresses[task]})" if task < len(addresses) else ""
+        where = _where(addresses[task], name_of) if task < len(addresses) else ""
         return f"{job} {task}{where}"
     for rank in _SHM_PEER.findall(message):
         addresses = cluster.worker_addresses
         rank = int(rank)
-        where = f" ({addresses[rank]})" if rank < len(addresses) else ""
+        where = _where(addresses[rank], name_of) if rank < len(addresses) else ""
         return f"worker {rank}{where}"
     return None
+
+
+def _where(address: str, name_of) -> str:
+    host = address.rpartition(":")[0].strip("[]")
+    name = name_of(host) if not host.startswith("127.") else None
+    return f" ({address}, host {name})" if name and name != host else f" ({address})"
+
+
+def host_name(address: str, timeout_s: float = 2.0) -> str | None:
+    """The name `address` has in this host's resolver, or None; waits at most `timeout_s`.
+
+    Only called once a peer is lost, to name its host next to its address;
+    a slow DNS must not delay the exit, hence the thread.
+    """
+    import socket
+    import threading
+
+    found: list[str] = []
+
+    def look():
+        try:
+            found.append(socket.gethostbyaddr(address)[0])
+        except (OSError, UnicodeError):
+            pass
+
+    t = threading.Thread(target=look, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return found[0] if found else None
 
 
 def _counter():

@@ -2,7 +2,7 @@
 
     python tests/workers/train_dump.py DUMP_DIR [FAULT OPTIONS] RECIPE [--key value ...]
 
-Writes DUMP_DIR/worker{INDEX}.npz with the final weights, the test-set
+Writes DUMP_DIR/worker{INDEX}.npz with the final weights, the host name, the test-set
 predictions and the evaluation, so tests can compare strategies and workers.
 The dump dir is the test's, never the model dir (which only the chief writes).
 
@@ -15,6 +15,7 @@ Fault options (real faults, for the fault-tolerance tests):
 
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -67,7 +68,9 @@ def main():
         if isinstance(e, trainer.Preempted):
             sys.exit(exit_codes.INTERRUPTED if e.interrupted else exit_codes.PREEMPTED)
         if isinstance(e, PeerLostError):
-            sys.exit(exit_codes.PEER_LOST)
+            from tfdist.train import exit_now
+
+            exit_now(exit_codes.PEER_LOST)
         if isinstance(e, ConfigError):
             sys.exit(exit_codes.CONFIG)
         raise
@@ -79,7 +82,8 @@ def main():
     arrays = {f"w{i}": w for i, w in enumerate(result.model.get_weights())}
     np.savez(os.path.join(dump_dir, f"worker{result.cluster.worker_index}.npz"),
              predictions=preds, eval_loss=ev["loss"], eval_accuracy=ev["accuracy"],
-             num_replicas=result.strategy.num_replicas_in_sync, **arrays)
+             num_replicas=result.strategy.num_replicas_in_sync, hostname=socket.gethostname(),
+             **arrays)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ class StrategyOptions:
 
     devices: int | None = None
     collective: str = "auto"
-    timeout_s: float | None = 300.0
+    timeout_s: float | None = 60.0  # as config.DEFAULTS["collective_timeout_s"]
     microbatches: int = 1
     placement: str = ""
 

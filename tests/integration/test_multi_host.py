@@ -1,0 +1,242 @@
+"""Real training on real namespaced hosts (tfdist.hosts): MWMS and parameter server.
+
+Every synchronous run trains digits_mlp for 2 epochs (22 steps each) of plain
+SGD at global batch 64 with deterministic ops and ends with the weights of one
+replica on one host (rtol 1e-5), however the workers were spread and started:
+`launch --hosts` over ssh, or by hand with a written TF_CONFIG. Faults are real
+too: a host's cable pulled mid-epoch, a remote worker SIGSTOPped. Needs root
+and namespaces (skips saying why; fails under CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, WORKERS, clean_env, namespaced_hosts, run_py, tail
+from tfdist import exit_codes
+
+pytestmark = pytest.mark.integration
+
+DUMP = os.path.join(WORKERS, "train_dump.py")
+TIMEOUT_S = 10  # --collective-timeout-s: small, so fault tests are quick
+COMMON = ["digits_mlp", "--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size",
+          "64", "--learning-rate", "0.1", "--verbose", "0", "--threads", "1",
+          "--inter-op-threads", "1", "--save-every-steps", "4"]
+# Only the fault tests shorten the timeout: on a loaded machine a healthy
+# collective can wait longer than 10 s for a slow peer (the chief writing files).
+DELAY = ["--step-delay-ms", "150"]  # train_dump's: so the fault lands mid-epoch
+FAULT = ["--collective-timeout-s", str(TIMEOUT_S)]
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with namespaced_hosts(2) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("one_replica")
+    proc = run_py([DUMP, str(tmp / "dump"), *COMMON, "--strategy", "single",
+                   "--model-dir", str(tmp / "model")])
+    assert proc.returncode == 0, tail(proc)
+    return dict(np.load(tmp / "dump" / "worker0.npz"))
+
+
+def _weights(d):
+    return [d[k] for k in sorted((k for k in d if k.startswith("w")), key=lambda k: int(k[1:]))]
+
+
+def _assert_equal(baseline, dump_dir, hostnames):
+    files = sorted(os.listdir(dump_dir))
+    assert files == [f"worker{i}.npz" for i in range(len(hostnames))], files
+    for f, host in zip(files, hostnames):
+        d = dict(np.load(os.path.join(dump_dir, f)))
+        assert str(d["hostname"]) == host, f  # it really ran there
+        assert int(d["num_replicas"]) == len(hostnames)
+        got, want = _weights(d), _weights(baseline)
+        assert len(got) == len(want) == 4
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _launch_argv(cluster, spec, dump, model_dir, fault=False):
+    return [sys.executable, "-m", "tfdist.launch", "--hosts", spec, "--ssh-config",
+            cluster.ssh_config, "--timeout", "240", "--", sys.executable, DUMP, dump,
+            *(DELAY if fault else []), *COMMON, *(FAULT if fault else []),
+            "--strategy", "multi_worker", "--model-dir", model_dir]
+
+
+def _run(argv, timeout=300):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=clean_env(),
+                          cwd=REPO)
+
+
+def _worker_pids(cluster, host):
+    """Pids of train_dump processes on `host` (not their ssh watchdogs)."""
+    return [int(line.split()[0]) for line in cluster.processes(host)
+            if "train_dump.py" in line and "import os, signal" not in line]
+
+
+def _wait_no_processes(cluster, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = {h.name: [p for p in cluster.processes(h.name) if "sshd:" not in p]
+                for h in cluster.hosts}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _start_and_wait_for_backup(argv, model_dir):
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=clean_env(), cwd=REPO)
+    backup = os.path.join(model_dir, "backup")
+    deadline = time.monotonic() + 240
+    while not (os.path.isdir(backup) and os.listdir(backup)):
+        if p.poll() is not None or time.monotonic() > deadline:
+            out, err = p.communicate(timeout=60)
+            pytest.fail(f"no backup before the fault: rc={p.returncode}\n{out[-2000:]}\n"
+                        f"{err[-3000:]}")
+        time.sleep(0.05)
+    return p
+
+
+def _wait_exit(cluster, host, pids, timeout_s):
+    """Seconds until none of `pids` runs on `host` any more (None if still running)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if not set(pids) & set(_worker_pids(cluster, host)):
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+def test_launch_hosts_two_hosts_one_worker_each_equals_one_replica(hosts, baseline, tmp_path):
+    proc = _run(_launch_argv(hosts, "h0:1,h1:1", str(tmp_path / "dump"), str(tmp_path / "model")))
+    assert proc.returncode == 0, tail(proc)
+    _assert_equal(baseline, str(tmp_path / "dump"), ["h0", "h1"])
+    assert "[worker 0@h0] tfdist: recipe=digits_mlp strategy=multi_worker num_replicas=2" in (
+        proc.stdout)
+    assert sorted(os.listdir(tmp_path / "model")) == ["backup", "history.csv", "metrics.json",
+                                                       "model.keras"]
+
+
+def test_hand_written_tf_config_on_two_hosts_equals_one_replica(hosts, baseline, tmp_path):
+    port = random.randint(20000, 30000)  # each host has its own ports: the same one on both
+    cluster = {"worker": [f"{hosts.address('h0')}:{port}", f"{hosts.address('h1')}:{port}"]}
+    dump, model_dir = str(tmp_path / "dump"), str(tmp_path / "model")
+    procs = []
+    try:
+        for i, h in enumerate(("h0", "h1")):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+            procs.append(hosts.popen(h, [sys.executable, DUMP, dump, *COMMON, "--strategy",
+                                         "multi_worker", "--model-dir", model_dir],
+                                     env=clean_env(TF_CONFIG=tf_config), cwd=REPO, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    _assert_equal(baseline, dump, ["h0", "h1"])
+
+
+def test_launch_hosts_two_hosts_two_workers_each_equals_one_replica(hosts, baseline, tmp_path):
+    proc = _run(_launch_argv(hosts, "h0:2,h1:2", str(tmp_path / "dump"), str(tmp_path / "model")))
+    assert proc.returncode == 0, tail(proc)
+    _assert_equal(baseline, str(tmp_path / "dump"), ["h0", "h0", "h1", "h1"])
+
+
+def test_pulled_link_ends_the_job_naming_the_host_and_rerun_resumes(hosts, baseline, tmp_path):
+    dump, model_dir = str(tmp_path / "dump"), str(tmp_path / "model")
+    argv = _launch_argv(hosts, "h0:1,h1:1", dump, model_dir, fault=True)
+    p = _start_and_wait_for_backup(argv, model_dir)
+    survivors = _worker_pids(hosts, "h0")
+    assert survivors, hosts.processes("h0")
+    try:
+        hosts.link("h1", up=False)
+        pulled = time.monotonic()
+        detected = _wait_exit(hosts, "h0", survivors, 6 * TIMEOUT_S)
+        out, err = p.communicate(timeout=120)
+        launcher_s = time.monotonic() - pulled
+    finally:
+        hosts.link("h1", up=True)
+        if p.poll() is None:
+            p.kill()
+    print(f"link pulled: surviving worker exited after {detected}s, launcher after "
+          f"{launcher_s:.1f}s (--collective-timeout-s {TIMEOUT_S})")
+    assert detected is not None, "the surviving worker did not exit"
+    assert detected < 4 * TIMEOUT_S + 20  # generous: the machine is shared
+    assert p.returncode == exit_codes.PEER_LOST, err[-3000:]
+    a1 = hosts.address("h1")
+    assert f"lost contact with worker 1 ({a1}:" in err and ", host h1)" in err, err[-3000:]
+    assert f"worker 0 on h0 ({hosts.address('h0')}) failed (exit code 4)" in err
+    assert _wait_no_processes(hosts) == {"h0": [], "h1": []}
+
+    proc = _run(argv)  # the same command, the cable back in
+    assert proc.returncode == 0, tail(proc)
+    assert "[worker 0@h0] tfdist: resumed from" in proc.stdout
+    _assert_equal(baseline, dump, ["h0", "h1"])
+
+
+def test_stopped_remote_worker_ends_the_job_and_leaves_nothing(hosts, tmp_path):
+    dump, model_dir = str(tmp_path / "dump"), str(tmp_path / "model")
+    p = _start_and_wait_for_backup(
+        _launch_argv(hosts, "h0:1,h1:1", dump, model_dir, fault=True), model_dir)
+    try:
+        stopped, survivors = _worker_pids(hosts, "h1"), _worker_pids(hosts, "h0")
+        assert len(stopped) == 1 and survivors, (hosts.processes("h0"), hosts.processes("h1"))
+        os.kill(stopped[0], signal.SIGSTOP)
+        detected = _wait_exit(hosts, "h0", survivors, 6 * TIMEOUT_S)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    print(f"SIGSTOP: surviving worker exited after {detected}s (--collective-timeout-s {TIMEOUT_S})")
+    assert detected is not None and detected < 4 * TIMEOUT_S + 20
+    assert p.returncode == exit_codes.PEER_LOST, err[-3000:]
+    assert f"lost contact with worker 1 ({hosts.address('h1')}:" in err and ", host h1)" in err
+    assert _wait_no_processes(hosts) == {"h0": [], "h1": []}
+
+
+def test_shm_across_hosts_is_refused_before_tensorflow(hosts):
+    code = ("import sys; from tfdist.train import main; rc = main(['digits_mlp', '--strategy', "
+            "'shm']); assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    proc = _run([sys.executable, "-m", "tfdist.launch", "--hosts", "h0:1,h1:1", "--ssh-config",
+                 hosts.ssh_config, "--timeout", "120", "--", sys.executable, "-c", code])
+    assert proc.returncode == exit_codes.CLUSTER, tail(proc)
+    assert "--strategy shm trains processes on one host" in proc.stderr
+    assert f"{hosts.address('h1')}:" in proc.stderr and "are on other hosts" in proc.stderr
+
+
+def test_parameter_server_with_tasks_on_both_hosts_trains(hosts, tmp_path):
+    model_dir = str(tmp_path / "model")
+    args = [a for a in COMMON if a != "--deterministic"]
+    proc = _run([sys.executable, "-m", "tfdist.launch", "--ps", "1", "--workers", "2", "--hosts",
+                 "h0:2,h1:2", "--ssh-config", hosts.ssh_config, "--timeout", "240", "--",
+                 sys.executable, "-m", "tfdist.train", *args, "--strategy", "parameter_server",
+                 "--model-dir", model_dir])
+    assert proc.returncode == 0, tail(proc)
+    a0, a1 = hosts.address("h0"), hosts.address("h1")
+    # chief and worker 0 on h0; worker 1 and the ps on h1.
+    assert f"[worker 0@h0] tfdist: worker 0 serving at {a0}:" in proc.stdout
+    assert f"[worker 1@h1] tfdist: worker 1 serving at {a1}:" in proc.stdout
+    assert f"[ps 0@h1] tfdist: ps 0 serving at {a1}:" in proc.stdout
+    with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    assert metrics["strategy"] == "parameter_server" and metrics["steps"] == 2 * (1437 // 64)
+    assert all(n > 0 for n in metrics["steps_per_worker"]), metrics["steps_per_worker"]
+    assert metrics["history"]["loss"][-1] < metrics["history"]["loss"][0]
+    assert _wait_no_processes(hosts, 30) == {"h0": [], "h1": []}
