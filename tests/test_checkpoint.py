@@ -147,7 +147,9 @@ def test_describe_peer_failure_names_the_other_worker():
     msg = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
            "information from remote target /job:worker/replica:0/task:1 while calling ...")
     assert describe_peer_failure(msg, info) == "worker 1 (127.0.0.1:5001)"
-    assert describe_peer_failure("/job:worker/replica:0/task:0/device:CPU:0 only", info) is None
+    # Only our own task named: with a single peer, that peer is the one lost.
+    own_only = "/job:worker/replica:0/task:0/device:CPU:0 only"
+    assert describe_peer_failure(own_only, info) == "worker 1 (127.0.0.1:5001)"
 
 
 def test_describe_peer_failure_names_the_lost_host_next_to_its_address():
@@ -157,6 +159,12 @@ def test_describe_peer_failure_names_the_lost_host_next_to_its_address():
     names = {"198.18.0.2": "h1"}
     assert describe_peer_failure(msg, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
     assert describe_peer_failure(msg, info, lambda a: None) == "worker 1 (198.18.0.2:5001)"
+    # A timed-out collective names no task: with one peer, it is that one.
+    timeout = "Collective ops is aborted by: Collective has timed out during execution."
+    assert describe_peer_failure(timeout, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
+    three = detect({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1", "c:1"]}, '
+                                 '"task": {"type": "worker", "index": 0}}'})
+    assert describe_peer_failure(timeout, three, names.get) is None
 
 
 def test_preemption_check_period():

@@ -140,6 +140,11 @@ def describe_peer_failure(message: str, cluster, name_of=None) -> str | None:
         rank = int(rank)
         where = _where(addresses[rank], name_of) if rank < len(addresses) else ""
         return f"worker {rank}{where}"
+    # A collective that timed out names nobody; with one peer it can only be that one.
+    addresses = cluster.worker_addresses
+    if cluster.num_workers == 2 and len(addresses) == 2 and cluster.worker_index in (0, 1):
+        peer = 1 - cluster.worker_index
+        return f"worker {peer}{_where(addresses[peer], name_of)}"
     return None
 
 

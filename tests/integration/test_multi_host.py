@@ -128,8 +128,8 @@ def test_launch_hosts_two_hosts_one_worker_each_equals_one_replica(hosts, baseli
     _assert_equal(baseline, str(tmp_path / "dump"), ["h0", "h1"])
     assert "[worker 0@h0] tfdist: recipe=digits_mlp strategy=multi_worker num_replicas=2" in (
         proc.stdout)
-    assert sorted(os.listdir(tmp_path / "model")) == ["backup", "history.csv", "metrics.json",
-                                                       "model.keras"]
+    assert sorted(os.listdir(tmp_path / "model")) == [".tfdist.lock", "backup", "history.csv",
+                                                       "metrics.json", "model.keras"]
 
 
 def test_hand_written_tf_config_on_two_hosts_equals_one_replica(hosts, baseline, tmp_path):
@@ -200,7 +200,13 @@ def test_stopped_remote_worker_ends_the_job_and_leaves_nothing(hosts, tmp_path):
         assert len(stopped) == 1 and survivors, (hosts.processes("h0"), hosts.processes("h1"))
         os.kill(stopped[0], signal.SIGSTOP)
         detected = _wait_exit(hosts, "h0", survivors, 6 * TIMEOUT_S)
-        out, err = p.communicate(timeout=120)
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            pytest.fail(f"the launcher did not exit; survivor exited after {detected}s\n"
+                        f"{out[-2000:]}\n{err[-4000:]}")
     finally:
         if p.poll() is None:
             p.kill()
