@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -98,13 +99,33 @@ def _wait_no_processes(cluster, timeout_s=60.0):
         time.sleep(0.2)
 
 
-def _start_and_wait_for_backup(argv, model_dir):
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+class _Launcher(subprocess.Popen):
+    """The launcher, its output read as it comes (as a terminal would), so a full
+    pipe never holds it or its workers up; `communicate` returns all of it."""
+
+    def __init__(self, argv):
+        super().__init__(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=clean_env(), cwd=REPO)
+        self._out, self._err = [], []
+        self._readers = [threading.Thread(target=lambda s=s, b=b: b.extend(s), daemon=True)
+                         for s, b in ((self.stdout, self._out), (self.stderr, self._err))]
+        for t in self._readers:
+            t.start()
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        for t in self._readers:
+            t.join(timeout=10)
+        return "".join(self._out), "".join(self._err)
+
+
+def _start_and_wait_for_backup(argv, model_dir):
+    p = _Launcher(argv)
     backup = os.path.join(model_dir, "backup")
     deadline = time.monotonic() + 240
     while not (os.path.isdir(backup) and os.listdir(backup)):
         if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
             out, err = p.communicate(timeout=60)
             pytest.fail(f"no backup before the fault: rc={p.returncode}\n{out[-2000:]}\n"
                         f"{err[-3000:]}")
@@ -179,10 +200,17 @@ def test_pulled_link_ends_the_job_naming_the_host_and_rerun_resumes(hosts, basel
           f"{launcher_s:.1f}s (--collective-timeout-s {TIMEOUT_S})")
     assert detected is not None, "the surviving worker did not exit"
     assert detected < 4 * TIMEOUT_S + 20  # generous: the machine is shared
-    assert p.returncode == exit_codes.PEER_LOST, err[-3000:]
     a1 = hosts.address("h1")
-    assert f"lost contact with worker 1 ({a1}:" in err and ", host h1)" in err, err[-3000:]
-    assert f"worker 0 on h0 ({hosts.address('h0')}) failed (exit code 4)" in err
+    # Whoever notices first names the lost host and its address: the surviving
+    # worker (heartbeats, ~10 s), or the launcher when h1's ssh session drops
+    # first (3 x 5 s keep-alives; seen when the machine is loaded).
+    if p.returncode == exit_codes.PEER_LOST:
+        assert f"lost contact with worker 1 ({a1}:" in err and ", host h1)" in err, err[-3000:]
+        assert f"worker 0 on h0 ({hosts.address('h0')}) lost peer (exit code 4)" in err
+    else:
+        assert p.returncode == 1, err[-3000:]
+        assert (f"worker 1 on h1 ({a1}) failed (ssh to h1 failed or lost its connection" in err
+                ), err[-3000:]
     assert _wait_no_processes(hosts) == {"h0": [], "h1": []}
 
     proc = _run(argv)  # the same command, the cable back in
