@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from tfdist import compression as compression_lib
 from tfdist.compat import horovod_keras
 
 
@@ -127,6 +128,24 @@ def _scaled(g, factor):
     if isinstance(g, tf.IndexedSlices):
         return tf.IndexedSlices(g.values * factor, g.indices, dense_shape=g.dense_shape)
     return g * tf.cast(factor, g.dtype)
+
+
+def with_compression(distributed, compression: str):
+    """`distributed` (from `wrap`) with its gradients cast for the all-reduce and back.
+
+    Args:
+        distributed: An optimizer `wrap` returned, not yet built.
+        compression: "none", "fp16" or "bf16" (see `tfdist.compression`).
+
+    Returns:
+        `distributed` itself.
+
+    Raises:
+        ConfigError: for an unknown compression.
+    """
+    distributed._tfdist_allreduce = compression_lib.wrap_allreduce(
+        distributed._tfdist_allreduce, compression)
+    return distributed
 
 
 def state_variables(model, optimizer=None) -> list:

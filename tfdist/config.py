@@ -22,6 +22,7 @@ from tfdist.errors import ConfigError
 from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
 from tfdist.schedules import DECAYS
+from tfdist.compression import NAMES as COMPRESSIONS
 from tfdist.strategies import valid_names
 from tfdist.strategies.multi_worker import IMPLEMENTATIONS
 
@@ -71,6 +72,9 @@ OPTIONS: dict[str, Option] = {
     "startup_timeout_s": Option(300.0, "seconds a worker waits for its peers to start before "
                                 "the job ends (0: for ever)", ge=0,
                                 strategies=("multi_worker",)),
+    "grad_compression": Option("none", "cast floating gradients for the all-reduce and back "
+                               "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS,
+                               strategies=("mirrored", "multi_worker", "horovod", "shm")),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # With --threads 1 a worker still used ~1.5 cores through the inter-op pool

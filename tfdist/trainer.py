@@ -288,7 +288,7 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
         devices=cfg["devices"] or None, collective=cfg["collective"],
         timeout_s=cfg["collective_timeout_s"], startup_timeout_s=cfg["startup_timeout_s"],
         microbatches=cfg["microbatches"],
-        placement=cfg["placement"])
+        placement=cfg["placement"], grad_compression=cfg["grad_compression"])
     name = strategies.resolve_name(cfg["strategy"], cluster, options.devices, gpu_count())
     if name == "multi_worker" and cluster.is_multi_worker:
         print(f"tfdist: {cluster.task_type} {cluster.task_index}: starting; waiting up to "

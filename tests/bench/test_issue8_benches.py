@@ -48,7 +48,7 @@ def test_scaling(tmp_path):
 
 def test_allreduce_shm_and_mwms(tmp_path):
     result, stdout = _bench(tmp_path, "allreduce", "--sizes", "4KB,16MB", "--iters", "2",
-                            "--variants", "0,2")
+                            "--variants", "0,2", "--small-tensors", "30", timeout=420)
     assert [r["engine"] for r in result["results"]] == ["shm", "mwms"]
     for r in result["results"]:
         assert [p["size_mb"] for p in r["points"]] == [0.004, 16.0]
@@ -58,6 +58,27 @@ def test_allreduce_shm_and_mwms(tmp_path):
     assert result["fastest_16_64mb"] == max(by_label, key=by_label.get)
     assert result["goal_met"] == (result["fastest_min_busbw_16_64mb_gbs"] >= 1.2)
     assert "goal >= 1.2 GB/s" in stdout
+    small = result["small_tensors"]
+    assert small["count"] == 30 and all(4.096 <= kb <= 65.536 for kb in small["tensor_kb"])
+    for key in ("fused", "unfused", "one_tensor"):
+        assert small["busbw_gbs"][key] == pytest.approx(
+            small["total_mb"] * 1e6 / small["seconds"][key] / 1e9)
+    assert small["fused_over_one"] == pytest.approx(
+        small["busbw_gbs"]["fused"] / small["busbw_gbs"]["one_tensor"])
+    assert "30 tensors of 4-64 KB" in stdout
+    # shm writes its 1/n of the reduced tensor and (n-1)/n for its peers: the size, per rank.
+    shm_16mb = result["results"][0]["points"][1]
+    assert shm_16mb["wire_mb_per_rank"] == pytest.approx(16.0, rel=1e-3)
+
+
+def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
+    result, stdout = _bench(tmp_path, "allreduce", "--sizes", "4MB", "--iters", "3",
+                            "--variants", "2,9,10", "--small-tensors", "0", timeout=420)
+    mwms, mwms_fp16, shm_fp16 = (r["points"][0]["wire_mb_per_rank"] for r in result["results"])
+    # MWMS: bytes its gRPC ring wrote to sockets, measured, not the tensor size assumed.
+    assert mwms > 3.0 and 0.4 < mwms_fp16 / mwms < 0.6, (mwms, mwms_fp16)
+    assert shm_fp16 == pytest.approx(2.0, rel=1e-3)
+    assert "fp16 compression: " in stdout
 
 
 def test_overhead(tmp_path):

@@ -16,7 +16,8 @@ from tests.workers.shm_comm import STRESS_CALLS, inputs
 from tfdist.launch import free_ports
 from tfdist.errors import ClusterError
 from tfdist.shm import comm as comm_lib
-from tfdist.shm.comm import Communicator, chunk_bounds, disjoint, segment_chunk_bytes
+from tfdist.shm.comm import (Communicator, chunk_bounds, disjoint, fusion_buckets,
+                             segment_chunk_bytes)
 
 WORKER = os.path.join(WORKERS, "shm_comm.py")
 
@@ -39,6 +40,17 @@ def test_segment_stays_inside_its_budget():
         chunk = segment_chunk_bytes(4 << 20, size)
         assert chunk % 64 == 0 and size * (size + 1) * chunk <= comm_lib.SEGMENT_BUDGET_BYTES
     assert segment_chunk_bytes(100, 2) == 128  # aligned up to a cache line
+
+
+def test_fusion_buckets_pack_small_tensors_by_dtype_in_order():
+    f32, f64 = np.float32, np.float64
+    tensors = [(f32, 400), (f64, 100), (f32, 700), (f32, 1000), (f32, 50), (f64, 5000),
+               (f64, 0)]
+    # 1000 bytes is no longer small; 400 + 700 overflow a bucket; float64s fuse apart.
+    assert fusion_buckets(tensors, 1000) == [[0], [1, 6], [2, 4], [3], [5]]
+    assert fusion_buckets(tensors, 1200) == [[0, 2], [1, 6], [3, 4], [5]]
+    assert fusion_buckets(tensors, 0) == [[i] for i in range(7)]
+    assert fusion_buckets([], 1000) == []
 
 
 def test_disjoint():

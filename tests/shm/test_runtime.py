@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
+import numpy as np
 import pytest
 
-from tests.conftest import clean_env, run_py
+from tests.conftest import WORKERS, clean_env, run_py, tail
 from tfdist import exit_codes
 from tfdist.cluster.base import ClusterInfo
 from tfdist.errors import ClusterError
@@ -63,3 +65,22 @@ def test_shm_hooks_add_the_goyal_warmup_only_when_asked():
     (warmup,) = [c for c in hooks.callbacks({"warmup_epochs": 2.0}, 0.2)
                  if isinstance(c, LearningRateWarmup)]
     assert (warmup.initial_lr, warmup.size, warmup.warmup_epochs) == (0.1, 2, 2.0)
+
+
+@pytest.mark.integration
+def test_tensorflow_op_fuses_small_tensors_and_matches_numpy(tmp_path):
+    from tests.workers.shm_ops import tensors
+
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "120", "--", "python",
+                   os.path.join(WORKERS, "shm_ops.py"), str(tmp_path)], timeout=180)
+    assert proc.returncode == 0, tail(proc)
+    xs = [tensors(r) for r in (0, 1)]
+    for r in (0, 1):
+        got = dict(np.load(tmp_path / f"rank{r}.npz"))
+        # float32 small ones: one bucket; the 40 KB one alone; int32s: one bucket.
+        assert int(got["buckets"]) == 3
+        for k in xs[0]:
+            total = xs[0][k] + xs[1][k]
+            np.testing.assert_array_equal(got[f"sum_{k}"], total)
+            want = total // 2 if total.dtype.kind == "i" else total * np.float32(0.5)
+            np.testing.assert_array_equal(got[f"mean_{k}"], want)

@@ -114,9 +114,10 @@ def main():
     timeout = 2.0 if scenario == "alone" else 60.0
     try:
         # A 4 KiB chunk forces multi-block reductions on modest arrays.
-        comm = Communicator(rank, size, ("127.0.0.1", port),
-                            chunk_bytes=4096,
-                            timeout_s=timeout)
+        # Stress: tensors under 2 KB are fused, larger ones go alone, so both paths run.
+        comm = Communicator(rank, size, ("127.0.0.1", port), chunk_bytes=4096,
+                            timeout_s=timeout,
+                            fusion_threshold_bytes=2048 if scenario == "stress" else 1 << 20)
         if scenario == "collectives":
             x = inputs(rank)
             names = sorted(x)
@@ -163,7 +164,8 @@ def main():
         elif scenario == "stress":
             start = time.monotonic()
             n = run_stress(comm, rank, size, STRESS_CALLS[size])
-            print(f"checked {n} collectives in {time.monotonic() - start:.1f} s", flush=True)
+            print(f"checked {n} collectives in {time.monotonic() - start:.1f} s, "
+                  f"{comm._seq} barriers", flush=True)
         elif scenario == "die":
             if rank == 1:
                 os._exit(0)

@@ -21,6 +21,11 @@ fastest path at 16-64 MB is compared with the issue's 1.2 GB/s goal.
 shaped to R (see `tfdist.bench.on_hosts`), MWMS and Horovod only (shm is one
 host's shared memory); each point also gives busbw / link rate, the fraction
 of the physical limit reached (a ring all-reduce's busbw cannot exceed it).
+
+Many small tensors (`--small-tensors N`, default 200, as a real network's
+gradients are): shm all-reduces N float32 tensors of 4-64 KB in one op, with
+its tensor fusion and without, next to one tensor of the same total size;
+the goal is fused busbw >= half the one tensor's.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from tfdist.bench import on_hosts, runs
 DESCRIPTION = "all-reduce algbw/busbw, tfdist shm vs MWMS vs Horovod Gloo/MPI, with tuning knobs"
 GOAL_BUSBW_GBS = 1.2
 GOAL_RANGE_MB = (16.0, 64.0)
+SMALL_TENSOR_BYTES = (4 << 10, 64 << 10)
+GOAL_SMALL_FRACTION = 0.5  # fused small tensors vs one tensor of the same total
 # (label, engine, controller, extra env, extra mpi args): each a tuning tried honestly.
 VARIANTS = [
     ("tfdist shm", "shm", None, {"chunk_bytes": 4 << 20}, ""),
@@ -54,6 +61,12 @@ VARIANTS = [
     ("hvd mpi, allreduce ring, cycle 0.1ms", "horovod", "mpi",
      {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
       "HOROVOD_CYCLE_TIME": "0.1"}, ""),
+    # --grad-compression fp16's casts around the same all-reduces: bytes on the wire
+    # are measured (TCP bytes acknowledged from the kernel; the engine's own count for shm).
+    ("mwms ring, fp16 compression", "mwms", None, {"bytes_per_pack": 0, "compression": "fp16"},
+     ""),
+    ("tfdist shm, fp16 compression", "shm", None, {"chunk_bytes": 4 << 20, "compression": "fp16"},
+     ""),
 ]
 
 
@@ -76,6 +89,14 @@ def parse_sizes(text: str) -> list[float]:
     return out
 
 
+def small_tensor_bytes(count: int, seed: int = 0) -> list[int]:
+    """Pure function: `count` float32 tensor sizes in bytes, uniform in 4-64 KB."""
+    import numpy as np
+
+    lo, hi = SMALL_TENSOR_BYTES
+    return [int(b) * 4 for b in np.random.default_rng(seed).integers(lo // 4, hi // 4 + 1, count)]
+
+
 def bus_bandwidth(algbw: float, ranks: int) -> float:
     """Pure function: nccl-tests' bus bandwidth of an all-reduce."""
     return algbw * 2 * (ranks - 1) / ranks if ranks > 1 else algbw
@@ -91,6 +112,9 @@ def add_arguments(parser) -> None:
                         help="'all', 'local' (shm and mwms, no Horovod), or comma-separated "
                              "indices into VARIANTS (0-based)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument("--small-tensors", type=int, default=200,
+                        help="shm: also all-reduce this many 4-64 KB tensors at once, fused "
+                             "and not, against one tensor of their total size (0: skip)")
     parser.add_argument("--venv", default=None, help="Horovod venv")
     parser.add_argument("--timeout", type=float, default=400.0, help="per variant, seconds")
     parser.add_argument("--hosts", type=int, default=0,
@@ -110,18 +134,20 @@ def _select(spec: str, have_horovod: bool, across_hosts: bool = False) -> list[t
             and not (across_hosts and v[1] == "shm")]
 
 
-def _measure(variant, args, sizes_mb, hosts=None) -> list[float]:
+def _measure(variant, args, sizes_mb, hosts=None) -> tuple[list, list | None]:
+    """Median seconds per size, and bytes sent per rank per all-reduce when measured."""
     label, engine, controller, knobs, mpi_args = variant
     spec = {"sizes_mb": sizes_mb, "iters": args.iters, "threads": args.threads, **knobs}
     if hosts is not None and engine == "mwms":
-        return on_hosts.run_workers(hosts, args.ranks, "tfdist.bench.allreduce",
-                                    ["--worker", json.dumps({**spec, "engine": engine})],
-                                    args.timeout, what=label)[0]["seconds"]
+        result = on_hosts.run_workers(hosts, args.ranks, "tfdist.bench.allreduce",
+                                      ["--worker", json.dumps({**spec, "engine": engine})],
+                                      args.timeout, what=label)[0]
+        return result["seconds"], result.get("wire_bytes")
     if hosts is not None:
         return on_hosts.run_horovod(hosts, args.venv_path, args.ranks, controller,
                                     "tfdist.bench.horovod_allreduce",
                                     ["--worker", json.dumps(spec)], args.timeout, env=knobs,
-                                    mpi_args=mpi_args, what=label)[0]["seconds"]
+                                    mpi_args=mpi_args, what=label)[0]["seconds"], None
     if engine in ("mwms", "shm"):
         cmd = runs.launch_command(args.ranks, "tfdist.bench.allreduce",
                                   ["--worker", json.dumps({**spec, "engine": engine})],
@@ -132,7 +158,8 @@ def _measure(variant, args, sizes_mb, hosts=None) -> list[float]:
                                    "tfdist.bench.horovod_allreduce",
                                    ["--worker", json.dumps(spec)], mpi_args)
         env = knobs
-    return runs.run(cmd, args.timeout, env, what=label)[0]["seconds"]
+    result = runs.run(cmd, args.timeout, env, what=label)[0]
+    return result["seconds"], result.get("wire_bytes")
 
 
 def run(args) -> dict:
@@ -146,6 +173,7 @@ def run(args) -> dict:
     with (on_hosts.shaped_hosts(args.hosts, args.rate) if link
           else contextlib.nullcontext()) as hosts:
         results = [_measure_variant(v, args, sizes_mb, hosts, link) for v in variants]
+    small = _measure_small(args) if args.small_tensors > 0 and not link else None
     lo, hi = GOAL_RANGE_MB
     in_range = {r["label"]: [p["busbw_gbs"] for p in r["points"] if lo <= p["size_mb"] <= hi]
                 for r in results}
@@ -160,6 +188,7 @@ def run(args) -> dict:
             "fastest_min_busbw_16_64mb_gbs": scored.get(fastest),
             "goal_busbw_gbs": GOAL_BUSBW_GBS,
             "goal_met": bool(fastest and scored[fastest] >= GOAL_BUSBW_GBS),
+            "small_tensors": small,
             "note": f"median of iters per size; {where}; the fastest path is "
                     "the one whose slowest size in 16-64 MB is fastest"}
 
@@ -167,18 +196,39 @@ def run(args) -> dict:
 def _measure_variant(variant, args, sizes_mb, hosts, link) -> dict:
     """One variant's points; with a shaped link, busbw as a fraction of it too."""
     load = runs.load_average()
-    seconds = _measure(variant, args, sizes_mb, hosts)
+    seconds, wire = _measure(variant, args, sizes_mb, hosts)
     points = []
-    for mb, s in zip(sizes_mb, seconds):
+    for i, (mb, s) in enumerate(zip(sizes_mb, seconds)):
         algbw = mb * 1e6 / s / 1e9
         point = {"size_mb": mb, "seconds": s, "algbw_gbs": algbw,
-                 "busbw_gbs": bus_bandwidth(algbw, args.ranks)}
+                 "busbw_gbs": bus_bandwidth(algbw, args.ranks),
+                 "wire_mb_per_rank": None if wire is None else wire[i] / 1e6}
         if link:
             point["busbw_over_link"] = point["busbw_gbs"] / link
         points.append(point)
     return {"label": variant[0], "engine": variant[1], "controller": variant[2],
             "knobs": variant[3], "mpi_args": variant[4], "load_avg_1m": load,
             "load_avg_1m_end": runs.load_average(), "points": points}
+
+
+def _measure_small(args) -> dict:
+    """shm: N small tensors fused, unfused, and one tensor of their total size."""
+    sizes = small_tensor_bytes(args.small_tensors)
+    spec = {"engine": "shm", "small_bytes": sizes, "iters": args.iters, "threads": args.threads}
+    load = runs.load_average()
+    cmd = runs.launch_command(args.ranks, "tfdist.bench.allreduce",
+                              ["--worker", json.dumps(spec)], args.timeout)
+    measured = runs.run(cmd, args.timeout, {}, what="shm small tensors")[0]
+    seconds = measured["seconds"]
+    total = sum(sizes)
+    busbw = {k: bus_bandwidth(total / s / 1e9, args.ranks) for k, s in seconds.items()}
+    return {"count": len(sizes), "total_mb": total / 1e6, "tensor_kb": [b / 1e3 for b in sizes],
+            "fusion_threshold_bytes": measured["fusion_threshold_bytes"],
+            "seconds": seconds, "busbw_gbs": busbw, "load_avg_1m": load,
+            "fused_over_one": busbw["fused"] / busbw["one_tensor"],
+            "unfused_over_one": busbw["unfused"] / busbw["one_tensor"],
+            "goal_fraction": GOAL_SMALL_FRACTION,
+            "goal_met": busbw["fused"] >= GOAL_SMALL_FRACTION * busbw["one_tensor"]}
 
 
 def table(result: dict) -> str:
@@ -207,6 +257,19 @@ def table(result: dict) -> str:
     verdict = (f"fastest at 16-64 MB: {best}, min busbw {result['fastest_min_busbw_16_64mb_gbs']:.3f}"
                f" GB/s; goal >= {result['goal_busbw_gbs']} GB/s: "
                f"{'met' if result['goal_met'] else 'NOT met'}") if best else "no size in 16-64 MB"
+    for r in result["results"]:
+        wire = r["points"][-1].get("wire_mb_per_rank")
+        if wire is not None:
+            verdict += (f"\n{r['label']}: {wire:.2f} MB written per rank per all-reduce of "
+                        f"{r['points'][-1]['size_mb']:g} MB float32")
+    small = result.get("small_tensors")
+    if small:
+        bw = small["busbw_gbs"]
+        verdict += (f"\nshm, {small['count']} tensors of 4-64 KB ({small['total_mb']:.1f} MB): "
+                    f"fused {bw['fused']:.3f} GB/s, unfused {bw['unfused']:.3f} GB/s, one "
+                    f"tensor {bw['one_tensor']:.3f} GB/s busbw; fused/one = "
+                    f"{small['fused_over_one']:.2f} (goal >= {small['goal_fraction']}: "
+                    f"{'met' if small['goal_met'] else 'NOT met'}; load {small['load_avg_1m']:.1f})")
     return f"{out}\n{verdict}"
 
 
@@ -223,6 +286,11 @@ def plot(result: dict, fig) -> None:
     else:
         ax.axhline(result["goal_busbw_gbs"], color="red", linestyle="--", label="goal")
         where = "on one host"
+    small = result.get("small_tensors")
+    if small:
+        for key, marker in (("fused", "s"), ("unfused", "x"), ("one_tensor", "^")):
+            ax.plot([small["total_mb"]], [small["busbw_gbs"][key]], marker, markersize=9,
+                    label=f"shm {small['count']} tensors 4-64 KB: {key.replace('_', ' ')}")
     ax.set_xscale("log")
     ax.set_xlabel("message size (MB)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -230,21 +298,60 @@ def plot(result: dict, fig) -> None:
     ax.legend(fontsize=7)
 
 
-def _time_sizes(spec: dict, step, make_input, before=None) -> list[float]:
-    """Median seconds of `step(make_input(elements))` per size, after one warm-up call."""
-    seconds = []
+def _time_sizes(spec: dict, step, make_input, before=None, sent=None):
+    """Median seconds of `step(make_input(elements))` per size, after one warm-up call.
+
+    Returns (seconds per size, bytes `sent()` grew by per call per size).
+    """
+    seconds, wire = [], []
     for mb in spec["sizes_mb"]:
         x = make_input(max(1, int(mb * 1e6 / 4)))
         step(x).numpy()  # warm-up: trace, instance keys, buffers
-        times = []
+        times, start_bytes = [], sent()
         for _ in range(spec["iters"]):
             if before is not None:
                 before()
             start = time.perf_counter()
             step(x).numpy()
             times.append(time.perf_counter() - start)
+        wire.append((sent() - start_bytes) / spec["iters"])
         seconds.append(statistics.median(times))
-    return seconds
+    return seconds, wire
+
+
+def _tcp_bytes_acked() -> int:
+    """Bytes this process's open TCP sockets sent and had acknowledged (Linux TCP_INFO).
+
+    gRPC sends with sendmsg, which /proc/self/io does not count; the kernel's
+    per-connection tcpi_bytes_acked (struct tcp_info offset 120) does.
+    """
+    import os
+    import socket
+    import struct
+
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            with socket.fromfd(int(fd), socket.AF_INET, socket.SOCK_STREAM) as sock:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 128)
+        except OSError:
+            continue  # gone meanwhile, or not a TCP socket
+        if len(info) >= 128:
+            total += struct.unpack_from("<Q", info, 120)[0]
+    return total
+
+
+def _compressed(fn, name: str):
+    """`fn` (a tensor to its all-reduced value) with --grad-compression's casts around it."""
+    from tfdist import compression
+
+    def run(t):
+        (wire,), restore = compression.compress([t], name)
+        return compression.decompress([fn(wire)], restore)[0]
+
+    return run
 
 
 def _mwms_worker(spec: dict) -> None:
@@ -268,8 +375,10 @@ def _mwms_worker(spec: dict) -> None:
             # identity: a tf.function argument has no device, and the all-reduce
             # needs one (ValueError: destinations can not be empty); no copy on CPU.
             t = tf.identity(t)
+            reduce = _compressed(lambda w: tf.distribute.get_replica_context().all_reduce(
+                "SUM", w, options=options), spec.get("compression", "none"))
             # Only a slice comes back to Python: the timing is the collective's, not a copy's.
-            return tf.distribute.get_replica_context().all_reduce("SUM", t, options=options)[:1]
+            return reduce(t)[:1]
         return strategy.run(fn, args=(x,))
 
     def make_input(n):
@@ -277,9 +386,9 @@ def _mwms_worker(spec: dict) -> None:
         return strategy.experimental_distribute_values_from_function(
             lambda _ctx: tf.ones([n], tf.float32))
 
-    seconds = _time_sizes(spec, step, make_input)
+    seconds, wire = _time_sizes(spec, step, make_input, sent=_tcp_bytes_acked)
     if cluster.is_chief:
-        runs.emit({"seconds": seconds})
+        runs.emit({"seconds": seconds, "wire_bytes": wire})
 
 
 def _shm_worker(spec: dict) -> None:
@@ -297,15 +406,61 @@ def _shm_worker(spec: dict) -> None:
     @tf.function
     def step(x):
         # Only a slice comes back to Python, as in the MWMS worker.
-        return shm.allreduce([x], average=False)[0][:1]
+        reduce = _compressed(lambda w: shm.allreduce([w], average=False)[0],
+                             spec.get("compression", "none"))
+        return reduce(x)[:1]
 
     # Start each all-reduce together: time the collective, not the other rank's lag.
-    seconds = _time_sizes(spec, step, lambda n: tf.ones([n], tf.float32), before=comm.barrier)
+    seconds, wire = _time_sizes(spec, step, lambda n: tf.ones([n], tf.float32),
+                                before=comm.barrier, sent=lambda: comm.bytes_sent)
     if cluster.is_chief:
-        runs.emit({"seconds": seconds})
+        runs.emit({"seconds": seconds, "wire_bytes": wire})
+
+
+def _shm_small_worker(spec: dict) -> None:
+    """Runs on every shm rank: median seconds for N small tensors fused, unfused, and one."""
+    import tensorflow as tf
+
+    from tfdist import shm
+    from tfdist.cluster import detect
+    from tfdist.strategies.devices import configure_runtime
+
+    configure_runtime(intra_op_threads=spec["threads"])
+    cluster = detect()
+    comm = shm.init_from_cluster(cluster)
+    threshold = comm.fusion_threshold_bytes
+
+    def time_it(variables, fusion):
+        comm.fusion_threshold_bytes = fusion  # the same on every rank; read when traced
+
+        @tf.function
+        def step():
+            # Read in the graph, as gradients are made there: 200 tf.function arguments
+            # would cost more Python than the all-reduce. One op reduces them all.
+            ys = shm.allreduce([v.read_value() for v in variables], average=False)
+            return tf.stack([ys[0][0], ys[-1][0]])
+
+        step().numpy()  # warm-up
+        times = []
+        for _ in range(spec["iters"]):
+            comm.barrier()
+            start = time.perf_counter()
+            step().numpy()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    small = [tf.Variable(tf.ones([b // 4], tf.float32)) for b in spec["small_bytes"]]
+    one = [tf.Variable(tf.ones([sum(spec["small_bytes"]) // 4], tf.float32))]
+    seconds = {"one_tensor": time_it(one, threshold), "fused": time_it(small, threshold),
+               "unfused": time_it(small, 0)}
+    if cluster.is_chief:
+        runs.emit({"seconds": seconds, "fusion_threshold_bytes": threshold})
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker_spec = json.loads(sys.argv[2])
-        (_shm_worker if worker_spec.get("engine") == "shm" else _mwms_worker)(worker_spec)
+        if "small_bytes" in worker_spec:
+            _shm_small_worker(worker_spec)
+        else:
+            (_shm_worker if worker_spec.get("engine") == "shm" else _mwms_worker)(worker_spec)

@@ -29,7 +29,7 @@ replica) nothing changes.
 from __future__ import annotations
 
 UPSTREAM = "tensorflow/tensorflow#33929 (Keras 3 behaviour measured on 3.15.1)"
-_state = {"applied": False, "originals": {}}
+_state = {"applied": False, "originals": {}, "compression": "none"}
 
 
 class KerasOptimizerInternalsChanged(RuntimeError):
@@ -43,6 +43,17 @@ def _classes():
     return TFOptimizer, LossScaleOptimizer
 
 
+def set_compression(name: str) -> None:
+    """Gradients are cast to `name`'s type ("none", "fp16", "bf16") for the all-reduce here.
+
+    Process-wide, like the patch itself; the mirrored and multi_worker
+    adapters set it from `--grad-compression` (see `tfdist.compression`).
+    """
+    from tfdist import compression
+
+    _state["compression"] = compression.check(name)
+
+
 def _reduce_first(grads):
     """Sums gradients over replicas when called in a replica context with several."""
     import tensorflow as tf
@@ -52,7 +63,10 @@ def _reduce_first(grads):
         return grads
     grads = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+    from tfdist import compression
+
+    wire, restore = compression.compress([grads[i] for i in present], _state["compression"])
+    reduced = compression.decompress(ctx.all_reduce(tf.distribute.ReduceOp.SUM, wire), restore)
     for i, g in zip(present, reduced):
         grads[i] = g
     return grads

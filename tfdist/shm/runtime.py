@@ -6,13 +6,14 @@ import atexit
 import socket
 
 from tfdist.errors import ClusterError
-from tfdist.shm.comm import DEFAULT_CHUNK_BYTES, Communicator
+from tfdist.shm.comm import DEFAULT_CHUNK_BYTES, DEFAULT_FUSION_BYTES, Communicator
 
 _COMM: Communicator | None = None
 
 
 def init(rank: int, size: int, address: tuple[str, int], *,
-         chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float = 300.0) -> Communicator:
+         chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float = 300.0,
+         fusion_threshold_bytes: int = DEFAULT_FUSION_BYTES) -> Communicator:
     """Creates this process's communicator (collective: every rank calls it).
 
     Args:
@@ -21,6 +22,8 @@ def init(rank: int, size: int, address: tuple[str, int], *,
         address: (host, port) where rank 0 listens for the rendezvous.
         chunk_bytes: Per-rank chunk of each block (see `Communicator`).
         timeout_s: How long to wait for a peer before PeerLostError.
+        fusion_threshold_bytes: Tensors smaller than this are all-reduced
+            together in buckets of up to this size (0: no fusion).
 
     Raises:
         RuntimeError: when this process already has one.
@@ -29,7 +32,8 @@ def init(rank: int, size: int, address: tuple[str, int], *,
     if _COMM is not None:
         raise RuntimeError("tfdist.shm is already initialised in this process; call "
                            "tfdist.shm.shutdown() first.")
-    _COMM = Communicator(rank, size, address, chunk_bytes=chunk_bytes, timeout_s=timeout_s)
+    _COMM = Communicator(rank, size, address, chunk_bytes=chunk_bytes, timeout_s=timeout_s,
+                         fusion_threshold_bytes=fusion_threshold_bytes)
     atexit.register(shutdown)
     return _COMM
 
@@ -113,7 +117,8 @@ def rendezvous_address(cluster) -> tuple[str, int]:
 
 
 def init_from_cluster(cluster, timeout_s: float | None = 300.0,
-                      chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Communicator:
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                      fusion_threshold_bytes: int = DEFAULT_FUSION_BYTES) -> Communicator:
     """`init` with rank, size and address from a `tfdist.cluster.ClusterInfo`.
 
     Rank 0 listens on worker 0's address from TF_CONFIG; that port is free
@@ -122,4 +127,5 @@ def init_from_cluster(cluster, timeout_s: float | None = 300.0,
     if cluster.num_workers == 1:
         return init(0, 1, ("127.0.0.1", 0), timeout_s=timeout_s or 300.0)
     return init(cluster.worker_index, cluster.num_workers, rendezvous_address(cluster),
-                chunk_bytes=chunk_bytes, timeout_s=timeout_s or 300.0)
+                chunk_bytes=chunk_bytes, timeout_s=timeout_s or 300.0,
+                fusion_threshold_bytes=fusion_threshold_bytes)

@@ -41,6 +41,8 @@ class StrategyOptions:
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
         startup_timeout_s: multi_worker: how long a worker waits for its peers
             to come up (0: for ever).
+        grad_compression: "none", "fp16" or "bf16": gradients cast for the
+            all-reduce and back (data-parallel strategies; `tfdist.compression`).
     """
 
     devices: int | None = None
@@ -52,6 +54,7 @@ class StrategyOptions:
     ps_shards: int = 0
     min_shard_bytes: int = 256 << 10
     startup_timeout_s: float = 300.0
+    grad_compression: str = "none"
 
 class Hooks:
     """What an adapter may change in the trainer; these defaults change nothing.
@@ -103,8 +106,9 @@ class ProcessReplicaHooks(Hooks):
     and `_engine_callbacks`.
     """
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, grad_compression: str = "none"):
         self.cluster = cluster
+        self.grad_compression = grad_compression
 
     def num_replicas(self, strategy) -> int:
         return self.cluster.num_workers
@@ -115,8 +119,9 @@ class ProcessReplicaHooks(Hooks):
     def wrap_optimizer(self, optimizer):
         from tfdist import allreduce_optimizer
 
-        return allreduce_optimizer.loss_scale_if_float16(self._distributed(optimizer),
-                                                         self._all_true)
+        distributed = allreduce_optimizer.with_compression(self._distributed(optimizer),
+                                                           self.grad_compression)
+        return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
     def callbacks(self, cfg, learning_rate):
         out = self._engine_callbacks()

@@ -82,4 +82,4 @@ class HorovodHooks(ProcessReplicaHooks):
 
 def hooks(cluster, options) -> Hooks:
     """The trainer hooks for this cluster."""
-    return HorovodHooks(cluster)
+    return HorovodHooks(cluster, options.grad_compression)

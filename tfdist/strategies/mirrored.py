@@ -13,5 +13,8 @@ def build(cluster, options):
     """
     import tensorflow as tf
 
+    from tfdist.compat import keras_grad_reduction
+
+    keras_grad_reduction.set_compression(options.grad_compression)
     devices = local_devices(options.devices)
     return tf.distribute.MirroredStrategy(devices=devices)

@@ -144,6 +144,9 @@ def build(cluster, options):
     """
     import tensorflow as tf
 
+    from tfdist.compat import keras_grad_reduction
+
+    keras_grad_reduction.set_compression(options.grad_compression)
     resolver = None
     timeout_s = options.startup_timeout_s
     if cluster.tf_config is not None:

@@ -72,4 +72,4 @@ class ShmHooks(ProcessReplicaHooks):
 
 def hooks(cluster, options) -> Hooks:
     """The trainer hooks for this cluster."""
-    return ShmHooks(cluster)
+    return ShmHooks(cluster, options.grad_compression)
