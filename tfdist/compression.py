@@ -35,11 +35,6 @@ def check(name: str) -> str:
     return name
 
 
-def wire_bytes(dtype_size: int, name: str) -> int:
-    """Pure function: bytes per element on the wire for a gradient of `dtype_size` bytes."""
-    return dtype_size if name == "none" else min(dtype_size, 2)
-
-
 def compress(grads: list, name: str) -> tuple[list, list]:
     """Casts floating gradients wider than the wire type; returns them and the dtypes to restore.
 
