@@ -24,6 +24,7 @@ import sys
 
 from tfdist import config, exit_codes, recipe as recipe_lib
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
+from tfdist.run_types import Preempted
 
 DEFAULT_RECIPE = "digits_mlp"
 
@@ -84,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tfdist: interrupted outside training; nothing new saved; rerun to continue",
               file=sys.stderr, flush=True)
         code = exit_codes.INTERRUPTED
-    except Exception as e:
-        if type(e).__name__ != "Preempted":
-            raise
+    except Preempted as e:
         print(f"tfdist: {e}", file=sys.stderr, flush=True)
         code = exit_codes.INTERRUPTED if e.interrupted else exit_codes.PREEMPTED
     if status_file:

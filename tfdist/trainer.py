@@ -14,7 +14,6 @@ Ctrl-C) saves a backup at the next agreed step boundary and raises
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
@@ -24,44 +23,13 @@ import time
 from tfdist import cluster as cluster_lib
 from tfdist import config, data, optim, straggler, strategies
 from tfdist import model_dir as model_dir_lib
-from tfdist import run_dir
+from tfdist import ps, run_dir
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
 from tfdist.compat.tf_startup_logs import import_tensorflow
 from tfdist.errors import ConfigError, PeerLostError
-
-
-class Preempted(Exception):
-    """Training stopped on SIGTERM, or SIGINT (`interrupted`), after saving a backup."""
-
-    def __init__(self, message: str, backup: str | None, interrupted: bool = False):
-        super().__init__(message)
-        self.backup = backup
-        self.interrupted = interrupted
-
-
-@dataclasses.dataclass
-class Result:
-    """What `train` returns.
-
-    Attributes:
-        model: The trained Keras model.
-        metrics: The dict written to metrics.json (on every worker).
-        strategy: The tf.distribute.Strategy used.
-        cluster: The ClusterInfo of this process.
-    """
-
-    model: object
-    metrics: dict
-    strategy: object
-    cluster: cluster_lib.ClusterInfo
-
-
-def model_dir_for(cfg: dict, recipe_name: str, cluster=None) -> str:
-    """The model dir: `cfg["model_dir"]`, or runs/RECIPE/STRATEGY[-Nw][-Ndev] by default
-    (one per launch shape; see `tfdist.run_dir`)."""
-    return cfg["model_dir"] or run_dir.default_model_dir(
-        recipe_name, cfg, cluster.num_workers if cluster is not None else 1)
+# The run types live apart so the parameter-server loop need not import this module.
+from tfdist.run_types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
 
 
 def check_before_tensorflow(cfg: dict, cluster) -> None:
@@ -239,9 +207,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
                           f"{cfg['epochs']} epochs ({found.epochs_done} done)")
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
-        if parameter_server:
-            from tfdist import ps  # asynchronous training has its own loop
-
+        if parameter_server:  # asynchronous training has its own loop
             return ps.run(recipe, cfg, cluster)
         return _train(recipe, cfg, cluster, callbacks, model_dir)
 
@@ -254,14 +220,6 @@ def _read_metrics(model_dir: str) -> dict:
             return json.load(f)
     except (OSError, ValueError):
         return {}
-
-
-def check_free_space(model_dir: str, cluster, model, optimizer) -> None:
-    """Chief: refuses to train when one backup and the final model would not fit."""
-    if cluster.is_chief:
-        model_dir_lib.check_free_space(
-            model_dir, model_dir_lib.backup_bytes([*model.variables, *optimizer.variables])
-            + model_dir_lib.backup_bytes(model.variables))
 
 
 def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:

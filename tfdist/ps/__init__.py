@@ -12,21 +12,10 @@ its own role:
 
 from __future__ import annotations
 
-import socket
-
 from tfdist.errors import ClusterError, ConfigError
+from tfdist.ps.net import reachable  # noqa: F401  (tfdist.ps.reachable)
 
 EXIT_LOST_CHIEF = 0  # a server whose chief is gone has nothing left to do
-
-
-def reachable(address: str, timeout_s: float = 1.0) -> bool:
-    """True when a TCP connection to `address` ("host:port") succeeds."""
-    host, _, port = address.rpartition(":")
-    try:  # an IPv6 host comes in brackets: "[::1]:2222"
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def check_cluster(cluster) -> None:
@@ -73,7 +62,7 @@ def run(recipe, cfg: dict, cluster):
     """Runs this process's part of a parameter-server job.
 
     Returns:
-        A `tfdist.trainer.Result`; on workers and ps tasks its model is None
+        A `tfdist.run_types.Result`; on workers and ps tasks its model is None
         (they return only when their chief has gone).
     """
     from tfdist import straggler

@@ -26,7 +26,8 @@ from tfdist import data, run_dir, strategies
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ClusterError
-from tfdist.ps import reachable
+from tfdist.ps.net import reachable
+from tfdist.run_types import Result, check_free_space, model_dir_for
 
 
 def _log(message: str) -> None:
@@ -57,7 +58,7 @@ def train(recipe, cfg: dict, cluster):
         cluster: ClusterInfo of the chief.
 
     Returns:
-        A `tfdist.trainer.Result`; the chief also writes MODEL_DIR/model.keras
+        A `tfdist.run_types.Result`; the chief also writes MODEL_DIR/model.keras
         and MODEL_DIR/metrics.json.
 
     Raises:
@@ -68,7 +69,6 @@ def train(recipe, cfg: dict, cluster):
 
     from tfdist import straggler
     from tfdist.strategies.devices import configure_runtime
-    from tfdist.trainer import Result, check_free_space, model_dir_for
 
     configure_runtime(cpu_devices=None, intra_op_threads=cfg["threads"] or None)
     keras.utils.set_random_seed(cfg["seed"])

@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+from tfdist.ps.net import reachable
+
 CHIEF_POLL_S = 1.0
 CHIEF_GONE_S = 6.0    # unreachable this long after it was up: finished or failed
 CHIEF_START_S = 15.0  # never reachable this long after this server started
@@ -28,7 +30,7 @@ def chief_gone(now: float, started: float, last_seen: float | None) -> bool:
 
 
 def _watch_chief(address: str, label: str) -> None:
-    from tfdist.ps import EXIT_LOST_CHIEF, reachable
+    from tfdist.ps import EXIT_LOST_CHIEF
 
     started, last_seen = time.monotonic(), None
     while True:

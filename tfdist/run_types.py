@@ -1,0 +1,57 @@
+"""What every training loop shares: the run's result, its model dir, `Preempted`.
+
+Both loops (the synchronous `fit` loop in `tfdist.trainer` and the
+parameter-server coordinator in `tfdist.ps.coordinator`) import these from
+here, so neither imports the other: the package's import graph stays
+acyclic (tests/test_import_graph.py). `tfdist.trainer` re-exports them under
+their old names. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfdist import model_dir as model_dir_lib
+from tfdist import run_dir
+from tfdist.cluster.base import ClusterInfo
+
+
+class Preempted(Exception):
+    """Training stopped on SIGTERM, or SIGINT (`interrupted`), after saving a backup."""
+
+    def __init__(self, message: str, backup: str | None, interrupted: bool = False):
+        super().__init__(message)
+        self.backup = backup
+        self.interrupted = interrupted
+
+
+@dataclasses.dataclass
+class Result:
+    """What `train` returns.
+
+    Attributes:
+        model: The trained Keras model.
+        metrics: The dict written to metrics.json (on every worker).
+        strategy: The tf.distribute.Strategy used.
+        cluster: The ClusterInfo of this process.
+    """
+
+    model: object
+    metrics: dict
+    strategy: object
+    cluster: ClusterInfo
+
+
+def model_dir_for(cfg: dict, recipe_name: str, cluster=None) -> str:
+    """The model dir: `cfg["model_dir"]`, or runs/RECIPE/STRATEGY[-Nw][-Ndev] by default
+    (one per launch shape; see `tfdist.run_dir`)."""
+    return cfg["model_dir"] or run_dir.default_model_dir(
+        recipe_name, cfg, cluster.num_workers if cluster is not None else 1)
+
+
+def check_free_space(model_dir: str, cluster, model, optimizer) -> None:
+    """Chief: refuses to train when one backup and the final model would not fit."""
+    if cluster.is_chief:
+        model_dir_lib.check_free_space(
+            model_dir, model_dir_lib.backup_bytes([*model.variables, *optimizer.variables])
+            + model_dir_lib.backup_bytes(model.variables))
