@@ -8,7 +8,10 @@ Like `torchrun --standalone`: picks N free ports on 127.0.0.1, gives each
 worker a TF_CONFIG, prefixes every output line with the worker index, and
 when any worker fails stops the others and exits non-zero naming which worker
 failed and how. With `--max-restarts R` it then relaunches all workers (up to
-R times), which resume from the chief's last backup. Imports no TensorFlow.
+R times), which resume from the chief's last backup. With `--min-workers M`
+a worker that still fails after R restarts is left out and the survivors go
+on (at least M of them), from the same backup at the same global batch: the
+same math on fewer replicas. Imports no TensorFlow.
 
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
     python -m tfdist.launch -n 2 -- python -m tfdist.train wide_mlp --strategy shm
@@ -288,13 +291,19 @@ NO_RESTART = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PREEMPTED)
 
 def run(num_workers: int, command: list[str], timeout_s: float | None = None,
         env: dict | None = None, max_restarts: int = 0, log_dir: str | None = None,
-        hosts: "_Remote | None" = None) -> int:
+        hosts: "_Remote | None" = None, min_workers: int | None = None) -> int:
     """Runs `command` as `num_workers` workers and supervises them.
 
     When a worker fails, the others are stopped; with restarts left, all
     workers are started again (on fresh ports) and resume from the last
     backup, unless the failure was bad input or a preemption, or the
     launcher itself was interrupted (SIGINT/SIGTERM: a stop, not a failure).
+    With `min_workers` below `num_workers`, a worker that still fails when
+    the restarts are spent is left out: the survivors are relaunched, with
+    `max_restarts` restarts again, as long as at least `min_workers` remain.
+    They resume from the last backup at the same global batch, which is the
+    same math on fewer replicas; a global batch that does not divide among
+    them is refused by the workers (exit 2, naming both numbers).
 
     Args:
         hosts: Where to start them over ssh (`--hosts`); None: on 127.0.0.1.
@@ -305,17 +314,29 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
         1; 124 on timeout; 130 after SIGINT. The cause is printed to stderr.
     """
     deadline = None if not timeout_s else time.monotonic() + timeout_s
-    attempt = 0
+    min_workers = num_workers if min_workers is None else min_workers
+    attempt, launches = 0, 0
     while True:
-        status, failed_code, signalled = _run_once(num_workers, command, deadline, timeout_s,
-                                                   env, log_dir, append=attempt > 0,
-                                                   hosts=hosts)
+        status, (failed_index, failed_code), signalled = _run_once(
+            num_workers, command, deadline, timeout_s, env, log_dir, append=launches > 0,
+            hosts=hosts)
+        launches += 1
         if signalled is not None and status != 0:
             print(f"tfdist.launch: stopped by {signal.Signals(signalled).name}; not "
                   "restarting.", file=sys.stderr, flush=True)
             return 128 + signal.SIGINT if signalled == signal.SIGINT else status
-        if status in (0, 124) or failed_code in NO_RESTART or attempt >= max_restarts:
+        if status in (0, 124) or failed_code in NO_RESTART:
             return status
+        if attempt >= max_restarts:
+            if num_workers - 1 < max(1, min_workers):
+                return status
+            print(f"tfdist.launch: worker {failed_index} did not come back "
+                  f"({describe_exit(failed_code)} after {max_restarts} restart(s)); "
+                  f"relaunching with the {num_workers - 1} surviving worker(s) (--min-workers "
+                  f"{min_workers}); they resume from the last backup at the same global batch.",
+                  file=sys.stderr, flush=True)
+            num_workers, attempt = num_workers - 1, 0
+            continue
         attempt += 1
         print(f"tfdist.launch: restarting all {num_workers} worker(s) "
               f"(restart {attempt} of {max_restarts}); they resume from the last backup.",
@@ -324,11 +345,11 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
 def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, append=False,
               hosts=None):
-    """One launch of all workers: (status, exit code of the failed worker or None,
-    the signal the launcher forwarded or None)."""
+    """One launch of all workers: (status, (index, exit code) of the failed worker or
+    (None, None), the signal the launcher forwarded or None)."""
     ports, on, where = _placed(num_workers, hosts)
     tasks = [(f"worker {i}", cfg, on[i]) for i, cfg in enumerate(worker_tf_configs(ports))]
-    status, failed_code = 0, None
+    status, i, failed_code = 0, None, None
     with _TaskGroup(command, tasks, env, log_dir, append, hosts) as group:
         procs = group.procs
         while True:
@@ -339,6 +360,8 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                 time.sleep(0.1)  # forwarded a stop: let every worker save and report itself
                 continue
             if failed:
+                # A worker that lost its peer is a consequence; name the cause if seen.
+                failed.sort(key=lambda f: f[1] == exit_codes.PEER_LOST)
                 i, failed_code = failed[0]
                 if group.signalled is not None:
                     outcomes = ", ".join(f"worker {j} {describe_outcome(c)}"
@@ -367,7 +390,7 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                 status = 124
                 break
             time.sleep(0.1)
-    return status, failed_code, group.signalled
+    return status, (i, failed_code), group.signalled
 
 
 PS_GRACE_S = 30.0  # after a ps dies, time the chief gets to report it before being stopped
@@ -459,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                     "Everything after '--' is COMMAND, run as is by every worker; its output "
                     "is printed with a [worker I] prefix.",
         usage="python -m tfdist.launch (-n N | --hosts H:S,... | --ps N --workers M "
-              "[--hosts H:S,...]) [--timeout S] [--max-restarts R] [--log-dir DIR] -- COMMAND ...")
+              "[--hosts H:S,...]) [--timeout S] [--max-restarts R [--min-workers M]] [--log-dir DIR] "
+              "-- COMMAND ...")
     parser.add_argument("-n", "--num-workers", type=int, default=None,
                         help="synchronous workers to start (MWMS, shm)")
     parser.add_argument("--hosts", default=None,
@@ -476,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop all workers after S seconds (exit 124)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="relaunch all workers up to R times after a failure")
+    parser.add_argument("--min-workers", type=int, default=None,
+                        help="when a worker still fails after R restarts, go on without it "
+                             "while at least M workers remain (default: N, never shrink)")
     parser.add_argument("--log-dir", default=None,
                         help="also write each task's output, unprefixed, to DIR/worker-I.log "
                              "(chief.log, ps-I.log with --ps)")
@@ -541,8 +568,23 @@ def _dispatch(parser, args, command, hosts) -> int:
     if not command:
         parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch -n 2 -- "
                      "python -m tfdist.train digits_mlp --strategy multi_worker")
+    if args.min_workers is not None:
+        if hosts is not None:
+            parser.error("--min-workers is not supported with --hosts yet (the survivors' "
+                         "placement on hosts). Received: --min-workers "
+                         f"{args.min_workers} with --hosts {args.hosts}.")
+        if not 1 <= args.min_workers <= args.num_workers:
+            parser.error(f"--min-workers must be in [1, -n]. Received: --min-workers "
+                         f"{args.min_workers} with -n {args.num_workers}.")
+        if args.min_workers < args.num_workers and not any(
+                a == "--model-dir" or a.startswith("--model-dir=") for a in command):
+            # tfdist.train's default dir is one per launch shape (runs/RECIPE/STRATEGY-Nw).
+            print("tfdist.launch: warning: --min-workers without --model-dir in COMMAND: "
+                  "tfdist.train's default model dir names the number of workers, so a job "
+                  "shrunk to fewer workers would start over in another directory. Pass "
+                  "--model-dir DIR.", file=sys.stderr, flush=True)
     return run(args.num_workers, command, args.timeout, max_restarts=args.max_restarts,
-               log_dir=args.log_dir, hosts=hosts)
+               log_dir=args.log_dir, hosts=hosts, min_workers=args.min_workers)
 
 
 if __name__ == "__main__":

@@ -141,3 +141,20 @@ def test_horovod_backup_resumes_under_multi_worker_and_back(venv, baseline, tmp_
     assert "resumed from a 2-replica multi_worker backup on 2 replicas (horovod)" in (
         proc.stdout), tail(proc)
     _assert_equal(baseline, str(tmp_path / "dump-hvd"), 2)
+
+
+def test_launcher_goes_on_with_the_survivors_when_a_worker_cannot_come_back(baseline, tmp_path):
+    # Worker 2 dies at its 22nd step, then fails at every start: its host is gone.
+    model_dir, dump = str(tmp_path / "model"), str(tmp_path / "dump")
+    proc = run_py(["-m", "tfdist.launch", "-n", "3", "--max-restarts", "2", "--min-workers", "2",
+                   "--timeout", "400", "--", sys.executable, DUMP, dump, "--kill-worker", "2",
+                   "--kill-at-step", "22", "--fail-start-worker", "2", "--marker",
+                   str(tmp_path / "marker"), *COMMON, "--epochs", "4",
+                   "--strategy", "multi_worker", "--model-dir", model_dir], timeout=450)
+    assert proc.returncode == 0, tail(proc)
+    assert "worker 2 failed (killed by SIGKILL)" in proc.stderr, tail(proc)
+    assert proc.stderr.count("FAULT: worker 2 cannot start") == 2
+    assert ("worker 2 did not come back (exit code 1 after 2 restart(s)); relaunching with the "
+            "2 surviving worker(s) (--min-workers 2)") in proc.stderr
+    assert "resumed from a 3-replica multi_worker backup on 2 replicas" in proc.stdout
+    _assert_equal(baseline, dump, 2)

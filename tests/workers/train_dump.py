@@ -11,6 +11,8 @@ Fault options (real faults, for the fault-tolerance tests):
     --kill-worker I --kill-at-step N --marker PATH
                              worker I SIGKILLs itself after its Nth step of this
                              process, once: PATH records that it happened.
+    --fail-start-worker I    once PATH exists, worker I exits 1 at start: a worker
+                             that cannot come back (its host is gone).
 """
 
 import os
@@ -22,7 +24,7 @@ import time
 import numpy as np
 
 FAULT_FLAGS = {"--step-delay-ms": float, "--kill-worker": int, "--kill-at-step": int,
-               "--marker": str}
+               "--marker": str, "--fail-start-worker": int}
 
 
 def _fault_callback(opts, worker_index):
@@ -57,6 +59,10 @@ def main():
 
     recipe, cfg = parse(argv)
     info = cluster.detect()
+    if (opts.get("--fail-start-worker") == info.worker_index and info.num_workers > 1
+            and os.path.exists(opts.get("--marker", ""))):
+        print(f"FAULT: worker {info.worker_index} cannot start", file=sys.stderr, flush=True)
+        sys.exit(1)
     try:
         result = trainer.train(recipe, cfg, info, callbacks=[_fault_callback(opts, info.worker_index)])
     except Exception as e:
