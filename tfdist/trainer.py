@@ -53,7 +53,9 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     # Replica counts known before TensorFlow starts (CPU-only layouts).
     if cfg["strategy"] == "mirrored" and cfg["devices"] > 1:
         data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
-    if cfg["strategy"] in ("multi_worker", "horovod", "shm", "auto") and cluster.is_multi_worker:
+    sync_replicas = cfg["strategy"] in ("multi_worker", "horovod", "shm") or (
+        cfg["strategy"] == "auto" and not strategies.has_ps_tasks(cluster))  # PS: whole batches
+    if sync_replicas and cluster.is_multi_worker:
         data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
     if cluster.is_multi_worker and strategies.resolve_name(
             cfg["strategy"], cluster, cfg["devices"] or None) == "multi_worker":
@@ -192,8 +194,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     parameter_server = cfg["strategy"] == "parameter_server" or (
         cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster))
-    if not parameter_server:
-        check_before_tensorflow(cfg, cluster)
+    check_before_tensorflow(cfg, cluster)  # every strategy, every task
     if not parameter_server or cluster.task_type == "chief":  # ps servers just serve
         found = run_dir.inspect(model_dir, cfg, recipe.RECIPE_NAME)  # before TensorFlow, and before any write
         if found.finished:

@@ -190,3 +190,63 @@ def test_rerun_resumes_from_the_chiefs_backup(runs, tmp_path):
     assert len(metrics["history"]["loss"]) == EPOCHS + 1
     assert metrics["steps"] == STEPS_PER_EPOCH  # only the one remaining epoch ran
     assert metrics["global_step"] == (EPOCHS + 1) * STEPS_PER_EPOCH
+
+
+def test_mixed_precision_and_tensorboard_as_the_sync_trainer(tmp_path):
+    """--precision and --tensorboard act as under every other strategy: the model computes
+    in float16 (loss scaled), and only the chief writes one TensorBoard event file with
+    one epoch_loss per epoch, the loss metrics.json records."""
+    model_dir = str(tmp_path / "m")
+    proc = run_py(_launch(["--ps", "1", "--workers", "2"], model_dir,
+                          ["--strategy", "parameter_server", "--epochs", "2",
+                           "--precision", "mixed_float16", "--tensorboard"]))
+    assert proc.returncode == 0, tail(proc)
+    assert "[chief] tfdist: recipe=digits_mlp strategy=parameter_server" in proc.stdout
+    assert "precision=mixed_float16" in proc.stdout
+    with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    assert metrics["precision"] == "mixed_float16"
+    losses = metrics["history"]["loss"]
+    assert len(losses) == 2 and losses[1] < losses[0], losses  # the unscaled gradients train
+    events = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(model_dir, "logs"))
+              for f in fs if "tfevents" in f]
+    assert len(events) == 1 and os.path.basename(os.path.dirname(events[0])) == "train", events
+    code = ("import sys, json, keras, tensorflow as tf\n"
+            "from tensorboard.backend.event_processing import event_accumulator as ea\n"
+            "a = ea.EventAccumulator(sys.argv[1]); a.Reload()\n"
+            "loss = [float(tf.make_ndarray(e.tensor_proto)) for e in a.Tensors('epoch_loss')]\n"
+            "m = keras.models.load_model(sys.argv[2])\n"
+            "print(json.dumps({'loss': loss, 'policy': m.layers[-1].dtype_policy.name}))\n")
+    read = run_py(["-c", code, events[0], os.path.join(model_dir, "model.keras")], timeout=120)
+    assert read.returncode == 0, tail(read)
+    found = json.loads(read.stdout.strip().splitlines()[-1])
+    assert found["policy"] == "mixed_float16"
+    assert found["loss"] == pytest.approx(losses, rel=1e-5)
+
+
+def test_bad_precision_refused_by_every_task_before_tensorflow(tmp_path):
+    model_dir = str(tmp_path / "m")
+    proc = run_py(_launch(["--ps", "1", "--workers", "2"], model_dir,
+                          ["--strategy", "parameter_server", "--precision", "bogus_precision",
+                           "--tensorboard"]), timeout=120)
+    assert proc.returncode != 0, tail(proc)
+    out = proc.stdout + proc.stderr
+    for task in ("chief", "worker 0", "worker 1", "ps 0"):
+        line = next((l for l in out.splitlines() if l.startswith(f"[{task}] error: ")), "")
+        assert "--precision" in line and "bogus_precision" in line, out[-3000:]
+    assert "chief failed (exit code 2)" in out, out[-3000:]
+    assert "serving at" not in out and "tfdist: recipe=" not in out  # no server, no training
+    assert not os.path.exists(model_dir)
+
+
+def test_warmup_epochs_refused_before_tensorflow_as_for_other_sync_strategies(tmp_path):
+    """The parameter-server path runs the trainer's pre-TensorFlow checks too."""
+    spec = {"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+                        "ps": ["127.0.0.1:3"]}, "task": {"type": "chief", "index": 0}}
+    code = ("import sys, tfdist.train as t; rc = t.main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    proc = run_py(["-c", code, "digits_mlp", "--strategy", "parameter_server",
+                   "--warmup-epochs", "1", "--model-dir", str(tmp_path / "m")],
+                  env=clean_env(TF_CONFIG=json.dumps(spec)), timeout=60)
+    assert proc.returncode == 2, tail(proc)
+    assert "--warmup-epochs" in proc.stderr and "parameter_server" in proc.stderr, tail(proc)

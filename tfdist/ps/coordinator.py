@@ -19,10 +19,11 @@ synchronous strategies the resumed run is not bitwise the same math).
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
-from tfdist import data, run_dir, strategies
+from tfdist import callbacks, data, run_dir, strategies
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ClusterError
@@ -72,6 +73,8 @@ def train(recipe, cfg: dict, cluster):
 
     configure_runtime(cpu_devices=None, intra_op_threads=cfg["threads"] or None)
     keras.utils.set_random_seed(cfg["seed"])
+    # As in the synchronous trainer; float16 losses are scaled in `step` below.
+    keras.mixed_precision.set_global_policy(cfg["precision"])
     spec = cluster.tf_config["cluster"]
     workers = spec["worker"]
     options = strategies.StrategyOptions(ps_shards=cfg["ps_shards"],
@@ -88,7 +91,7 @@ def train(recipe, cfg: dict, cluster):
     steps_per_epoch = cfg["steps_per_epoch"] or max(1, num_examples // gbs)
     _log(f"recipe={recipe.RECIPE_NAME} strategy=parameter_server workers={len(workers)} "
          f"ps={len(spec['ps'])} batch_per_step={gbs} steps_per_epoch={steps_per_epoch} "
-         f"learning_rate={lr:g} ps_shards={cfg['ps_shards']} "
+         f"learning_rate={lr:g} precision={cfg['precision']} ps_shards={cfg['ps_shards']} "
          f"straggler={cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}")
 
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
@@ -146,7 +149,9 @@ def train(recipe, cfg: dict, cluster):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
                 loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
-            grads = tape.gradient(loss, model.trainable_variables)
+                # Scaled under mixed_float16 (a LossScaleOptimizer), which apply() unscales.
+                scaled = model.optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
             model.optimizer.apply(grads, model.trainable_variables)
             return loss
 
@@ -155,6 +160,12 @@ def train(recipe, cfg: dict, cluster):
         loss = strategy.run(replica_fn, args=(x, y))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
 
+    # Keras's TensorBoard callback, driven by this loop as fit drives it (chief only).
+    tensorboard = (callbacks.make_tensorboard(os.path.join(model_dir, "logs"), cluster.is_chief)
+                   if cfg["tensorboard"] else None)
+    if tensorboard is not None:
+        tensorboard.set_model(model)
+        tensorboard.on_train_begin()
     history = state.history
     steps_per_worker = [0] * num_workers
     lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
@@ -177,11 +188,16 @@ def train(recipe, cfg: dict, cluster):
             _log(f"epoch {epoch + 1}/{cfg['epochs']} loss={history['loss'][-1]:.4f} "
                  f"steps_per_worker={steps_per_worker} lost_workers={sorted(lost)}")
             state.epoch, state.global_step = epoch + 1, state.global_step + steps_per_epoch
+            if tensorboard is not None:
+                tensorboard.on_epoch_end(epoch, {"loss": history["loss"][-1]})
             store.save(state, model.variables, optimizer.variables, meta)
     except (tf.errors.OpError, ClusterError) as e:
         if _is_ps_error(e):
             raise _lost_ps_error(e, spec) from None
         raise
+    finally:
+        if tensorboard is not None:
+            tensorboard.on_train_end()  # closes its event files
     wall = time.perf_counter() - start
 
     # Gather the trained weights from the ps into an ordinary Keras model: it
@@ -198,6 +214,7 @@ def train(recipe, cfg: dict, cluster):
         "num_workers": num_workers,
         "num_ps": len(spec["ps"]),
         "ps_shards": cfg["ps_shards"],
+        "precision": cfg["precision"],
         "global_batch_size": gbs,
         "learning_rate": lr,
         "epochs": cfg["epochs"],
