@@ -188,8 +188,8 @@ def _reaches(graph, start: str, goal: str) -> bool:
 # the importer back at module level), by (importer, target). Known ones are listed
 # so that a new one fails the test, and a fixed one must be struck off here.
 CIRCLE_BREAKERS = {
-    # bench comm <-> scaling: scaling needs comm's pure comm_seconds; comm runs
-    # scaling.one_run (moving comm_seconds beside allreduce.bus_bandwidth ends it).
+    # bench comm <-> scaling: scaling's --hosts report needs comm's model_stats; comm
+    # runs scaling.one_run (moving model_stats out of comm would end it).
     ("tfdist.bench.scaling", "tfdist.bench.comm"),
 }
 

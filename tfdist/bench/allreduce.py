@@ -102,6 +102,11 @@ def bus_bandwidth(algbw: float, ranks: int) -> float:
     return algbw * 2 * (ranks - 1) / ranks if ranks > 1 else algbw
 
 
+def comm_seconds(grad_bytes: float, workers: int, busbw_gbs: float) -> float:
+    """Pure function: a ring all-reduce of `grad_bytes` on `workers`, 2(n-1)/n x bytes / busbw."""
+    return (2 * (workers - 1) / workers * grad_bytes / (busbw_gbs * 1e9)) if workers > 1 else 0.0
+
+
 def add_arguments(parser) -> None:
     """Flags of this benchmark."""
     parser.add_argument("-n", "--ranks", type=int, default=2)

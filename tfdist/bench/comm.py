@@ -21,6 +21,7 @@ import json
 import time
 
 from tfdist.bench import allreduce, runs, scaling
+from tfdist.bench.allreduce import comm_seconds
 
 DESCRIPTION = "comm/compute ratio: predicted step = compute + 2(n-1)/n*bytes/bw, vs measured"
 
@@ -38,11 +39,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gflops", type=float, default=0.0,
                         help="compute rate to assume (0: measure a 1-thread matmul)")
     parser.add_argument("--timeout", type=float, default=400.0)
-
-
-def comm_seconds(grad_bytes: float, workers: int, busbw_gbs: float) -> float:
-    """Pure function: a ring all-reduce of `grad_bytes` on `workers`, 2(n-1)/n x bytes / busbw."""
-    return (2 * (workers - 1) / workers * grad_bytes / (busbw_gbs * 1e9)) if workers > 1 else 0.0
 
 
 def predict(flops_per_example: float, batch_per_worker: int, grad_bytes: float,

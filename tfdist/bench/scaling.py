@@ -27,6 +27,7 @@ import contextlib
 import os
 
 from tfdist.bench import on_hosts, runs
+from tfdist.bench.allreduce import comm_seconds
 
 DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, efficiency = speedup/N)"
 # Examples per worker for weak scaling: the 4.7M MLP's earlier measurements used 128.
@@ -88,10 +89,9 @@ def predicted_steps(step_1: float, batches: list[int], workers: list[int], grad_
     """Pure function: `bench comm`'s step estimate per point from the measured 1-worker step.
 
     compute = step_1 x batch_K / batch_1 (per-worker batches), comm = a ring
-    all-reduce of the gradients at the link rate (`comm.comm_seconds`).
+    all-reduce of the gradients at the link rate (`allreduce.comm_seconds`, as
+    `bench comm` computes it).
     """
-    from tfdist.bench.comm import comm_seconds
-
     return [step_1 * b / batches[0] + comm_seconds(grad_bytes, k, link_gbs)
             for b, k in zip(batches, workers)]
 
