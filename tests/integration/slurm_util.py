@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_py, tail
 
 # digits_mlp, 2 epochs of plain SGD at global batch 64, deterministic ops.
 ARGS = ["--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size", "64",
@@ -71,3 +71,11 @@ def assert_same_weights(model_dir, baseline):
     assert len(got) == len(baseline) > 0
     for a, b in zip(got, baseline):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def single_replica_weights(model_dir):
+    """Trains digits_mlp with ARGS in one process, one replica; its final weights."""
+    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--strategy", "single", *ARGS,
+                   "--model-dir", model_dir])
+    assert proc.returncode == 0, tail(proc)
+    return keras_weights(os.path.join(model_dir, "model.keras"))

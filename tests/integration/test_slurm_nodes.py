@@ -23,9 +23,9 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, run_py, tail
-from tests.integration.slurm_util import (ARGS, assert_same_weights, job_fields, keras_weights,
-                                           sbatch, wait_all)
+from tests.conftest import REPO, WORKERS, clean_env, tail
+from tests.integration.slurm_util import (ARGS, assert_same_weights, job_fields,
+                                           sbatch, single_replica_weights, wait_all)
 
 pytestmark = pytest.mark.integration
 
@@ -85,11 +85,7 @@ def nodes_env():
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
     """Final weights of one process, one replica, the same global batch."""
-    model_dir = str(tmp_path_factory.mktemp("single") / "model")
-    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--strategy", "single", *ARGS,
-                   "--model-dir", model_dir])
-    assert proc.returncode == 0, tail(proc)
-    return keras_weights(os.path.join(model_dir, "model.keras"))
+    return single_replica_weights(str(tmp_path_factory.mktemp("single") / "model"))
 
 
 def test_cluster_has_two_nodes_on_their_own_hosts(nodes_env):
