@@ -2,7 +2,8 @@
 
 Pure Python (no TensorFlow), so that every bad flag fails in milliseconds.
 Each option is declared once below (`Option`: default, meaning, allowed
-values, strategies it applies to); the declaration types the `--key value`
+values; the strategies it applies to come from the adapters in
+`tfdist.strategies`); the declaration types the `--key value`
 parsing, validates every value (from the command line or a recipe's
 DEFAULTS) and writes `--help`. Like nanoGPT's configurator, a recipe's
 DEFAULTS extend and override the framework's; an unknown key is an error
@@ -23,14 +24,11 @@ from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
 from tfdist.schedules import DECAYS
 from tfdist.compression import NAMES as COMPRESSIONS
-from tfdist.strategies import valid_names
+from tfdist.strategies import accepting, valid_names
 from tfdist.strategies.multi_worker import IMPLEMENTATIONS
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "ftrl",
               "lamb", "lion", "muon", "nadam", "rmsprop")  # keras.optimizers classes by name
-# Sync strategies that keep TensorFlow's collectives (a timeout ends a dead peer's wait).
-_TIMEOUT_STRATEGIES = ("multi_worker", "shm")
-
 # Options every recipe has. A recipe's DEFAULTS may change their defaults.
 OPTIONS: dict[str, Option] = {
     "strategy": Option("auto", "how to train (auto: horovod under horovodrun, parameter_server "
@@ -59,22 +57,19 @@ OPTIONS: dict[str, Option] = {
                         choices=PRECISIONS),
     "seed": Option(0, "random seed (weights, shuffling)", ge=0, le=2**32 - 1),
     "devices": Option(0, "local replicas: GPUs, else the CPU split into N logical devices "
-                      "(0: all/auto)", ge=0, le=1024,
-                      strategies=("mirrored", "model_parallel", "pipeline")),
+                      "(0: all/auto)", ge=0, le=1024),
     "model_dir": Option("", "where the chief writes model, metrics, backups (default: "
                         "runs/RECIPE/STRATEGY[-Nw][-Ndev], see tfdist.run_dir)"),
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
     "collective": Option("auto", "MultiWorkerMirroredStrategy collective implementation",
-                         choices=IMPLEMENTATIONS, strategies=("multi_worker",)),
+                         choices=IMPLEMENTATIONS),
     "collective_timeout_s": Option(60.0, "seconds after which a collective whose peer is "
                                    "silent ends the job (a lost host is noticed in ~10 s)",
-                                   gt=0, strategies=_TIMEOUT_STRATEGIES),
+                                   gt=0),
     "startup_timeout_s": Option(300.0, "seconds a worker waits for its peers to start before "
-                                "the job ends (0: for ever)", ge=0,
-                                strategies=("multi_worker",)),
+                                "the job ends (0: for ever)", ge=0),
     "grad_compression": Option("none", "cast floating gradients for the all-reduce and back "
-                               "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS,
-                               strategies=("mirrored", "multi_worker", "horovod", "shm")),
+                               "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # With --threads 1 a worker still used ~1.5 cores through the inter-op pool
@@ -101,11 +96,10 @@ OPTIONS: dict[str, Option] = {
     # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
     "status_file": Option("", "the chief writes its exit status here (atomically) before "
                           "exiting"),
-    "microbatches": Option(1, "micro-batches per batch (GPipe)", ge=1,
-                           strategies=("pipeline",)),
+    "microbatches": Option(1, "micro-batches per batch (GPipe)", ge=1),
     "placement": Option("", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
-                        "an even split over --devices)", strategies=("model_parallel", "pipeline")),
-    # Which strategies take it is decided by their hooks (trainer.check_before_tensorflow).
+                        "an even split over --devices)"),
+    # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).
     "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "
                             "over these epochs", ge=0),
     "straggler_delay_ms": Option(0, "benchmarks: one worker sleeps this long in every step",
@@ -113,12 +107,14 @@ OPTIONS: dict[str, Option] = {
     "straggler_worker": Option(0, "benchmarks: which training worker sleeps (its index "
                                "among the workers)", ge=0),
     "ps_shards": Option(0, "variable partitioning over the ps tasks (>1 refused: Keras 3)",
-                        ge=0, strategies=("parameter_server",)),
-    "min_shard_bytes": Option(262144, "smallest variable shard", ge=1,
-                              strategies=("parameter_server",)),
+                        ge=0),
+    "min_shard_bytes": Option(262144, "smallest variable shard", ge=1),
 }
+# Which strategies an option applies to is declared by the adapters (their
+# `accepts` and `refuses`), so the option table and the adapters cannot disagree.
 for _name, _option in OPTIONS.items():
     _option.name = _name
+    _option.strategies = accepting(_name)
 
 # The defaults as a plain dict, for code that reads them.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {name: o.default for name, o in OPTIONS.items()}

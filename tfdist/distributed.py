@@ -175,8 +175,6 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
                       else None, intra_op_threads=threads)
     options = strategies.StrategyOptions(devices=devices, collective=collective,
                                          timeout_s=timeout_s)
-    name = strategies.resolve_name(strategy, info, devices, gpu_count())
-    built = strategies.build_strategy(name, info, options)
-    return Distributed(strategy=built, name=name, cluster=info,
-                       hooks=strategies.build_hooks(name, info, options))
+    adapter, built = strategies.build(strategy, info, options, gpu_count())
+    return Distributed(strategy=built, name=adapter.name, cluster=info, hooks=adapter.hooks())
 

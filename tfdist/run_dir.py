@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from tfdist import strategies
 from tfdist.errors import CheckpointError, ConfigError
 
 # Options that change how a run is executed, watched or saved, not what it
@@ -37,9 +38,10 @@ RUN_CONTROL = frozenset({
 # replicas at one global batch (every global batch holds the same examples, all
 # replicas hold the same weights), so a run may move between them and between
 # replica counts: the strategy and --devices are how it is run, not what it
-# computes. `auto` resolves to one of them (or to parameter_server, whose
-# backups name their recipe and variables anyway).
-DATA_PARALLEL = frozenset({"auto", "single", "mirrored", "multi_worker", "horovod", "shm"})
+# computes. `auto` resolves to one of them (or to an asynchronous strategy, whose
+# backups name their recipe and variables anyway). The adapters say which
+# (`Adapter.portable`).
+DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
 
 
 def run_config(cfg: dict) -> dict:

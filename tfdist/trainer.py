@@ -32,16 +32,21 @@ from tfdist.errors import ConfigError, PeerLostError
 from tfdist.run_types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
 
 
-def check_before_tensorflow(cfg: dict, cluster) -> None:
+def check_before_tensorflow(cfg: dict, cluster, choice=None) -> None:
     """Validates what can be validated without starting TensorFlow.
+
+    Args:
+        cfg: The merged configuration.
+        cluster: This process's ClusterInfo.
+        choice: The `tfdist.strategies.Choice` for cfg["strategy"]; made when None.
 
     Raises:
         ConfigError: for an unknown strategy, a batch that cannot divide, a
-            bad scaling rule.
-        ClusterError: for `shm` workers on several hosts.
+            bad scaling rule, or whatever an adapter refuses.
+        ClusterError: for a cluster the adapter cannot run on.
     """
-    strategies.check_name(cfg["strategy"])
-    strategies.check_available(cfg["strategy"])  # e.g. Horovod not installed
+    choice = choice or strategies.choose(cfg["strategy"], cluster, cfg["devices"] or None)
+    choice.check_available()  # e.g. Horovod not installed
     if cfg["tensorboard"] and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package, which TensorFlow no "
                           "longer installs: pip install 'tfdist[tensorboard]'.")
@@ -50,38 +55,10 @@ def check_before_tensorflow(cfg: dict, cluster) -> None:
     effective = cfg["global_batch_size"] * cfg["accumulate"]
     data.scale_learning_rate(cfg["learning_rate"], effective,
                              cfg["base_batch_size"] or effective, cfg["lr_scaling"])
-    # Replica counts known before TensorFlow starts (CPU-only layouts).
-    if cfg["strategy"] == "mirrored" and cfg["devices"] > 1:
-        data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
-    sync_replicas = cfg["strategy"] in ("multi_worker", "horovod", "shm") or (
-        cfg["strategy"] == "auto" and not strategies.has_ps_tasks(cluster))  # PS: whole batches
-    if sync_replicas and cluster.is_multi_worker:
-        data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
-    if cluster.is_multi_worker and strategies.resolve_name(
-            cfg["strategy"], cluster, cfg["devices"] or None) == "multi_worker":
-        from tfdist.strategies import multi_worker
-
-        multi_worker.check_own_port(cluster)  # a busy port, before TensorFlow starts
-    if cfg["strategy"] == "shm" and cluster.is_multi_worker:
-        from tfdist.shm import runtime as shm_runtime
-
-        shm_runtime.rendezvous_address(cluster)  # every worker on this host
-    if cfg["strategy"] in ("model_parallel", "pipeline"):
-        from tfdist.model_parallel import plan
-
-        plan.microbatch_size(cfg["global_batch_size"], cfg["microbatches"])
-        if cfg["placement"]:
-            plan.parse_placement(cfg["placement"])
+    # Each adapter's own checks (availability, batch division, ports, hosts, placement),
+    # for every adapter `auto` may become once TensorFlow counts the GPUs.
+    choice.check_config(cfg)
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
-    if cfg["warmup_epochs"]:
-        name = strategies.resolve_name(cfg["strategy"], cluster, cfg["devices"] or None)
-        # The hooks that add its callback decide, so this check cannot drift from them.
-        if not isinstance(strategies.build_hooks(name, cluster), strategies.ProcessReplicaHooks):
-            raise ConfigError(
-                f"--warmup-epochs (Goyal et al.'s ramp from lr/size to lr) applies to "
-                f"strategies that run one replica per process (horovod, shm). Received: "
-                f"--warmup-epochs {cfg['warmup_epochs']} with --strategy {name}. Use "
-                "--warmup-steps N, which works under every strategy.")
 
 
 _PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
@@ -189,13 +166,13 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
             or at a save: one line naming the path and errno).
     """
     cluster = cluster or cluster_lib.detect()
-    config.check_strategy(cfg, cfg["strategy"], strategies.possible_names(
-        cfg["strategy"], cluster, cfg["devices"] or None))
+    # `auto` is resolved once: here to the adapters it may become (checked now),
+    # after TensorFlow counts the GPUs to the one of them that is built.
+    choice = strategies.choose(cfg["strategy"], cluster, cfg["devices"] or None)
+    config.check_strategy(cfg, cfg["strategy"], choice.names)
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
-    parameter_server = cfg["strategy"] == "parameter_server" or (
-        cfg["strategy"] == "auto" and strategies.has_ps_tasks(cluster))
-    check_before_tensorflow(cfg, cluster)  # every strategy, every task
-    if not parameter_server or cluster.task_type == "chief":  # ps servers just serve
+    check_before_tensorflow(cfg, cluster, choice)  # every strategy, every task
+    if all(c.runs_loop(cluster) for c in choice.candidates):  # e.g. ps servers just serve
         found = run_dir.inspect(model_dir, cfg, recipe.RECIPE_NAME)  # before TensorFlow, and before any write
         if found.finished:
             _log(cluster, f"{model_dir} already finished ({found.epochs_done} epochs), nothing "
@@ -208,9 +185,9 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
                           f"{cfg['epochs']} epochs ({found.epochs_done} done)")
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
-        if parameter_server:  # asynchronous training has its own loop
+        if choice.loop == "coordinator":  # asynchronous training has its own loop
             return ps.run(recipe, cfg, cluster)
-        return _train(recipe, cfg, cluster, callbacks, model_dir)
+        return _train(recipe, cfg, cluster, callbacks, model_dir, choice)
 
 
 def _read_metrics(model_dir: str) -> dict:
@@ -223,13 +200,14 @@ def _read_metrics(model_dir: str) -> dict:
         return {}
 
 
-def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
+def _train(recipe, cfg, cluster, callbacks, model_dir, choice) -> Result:
     console = cluster_lib.detect_console()
     import_tensorflow(show_logs=cfg["tf_logs"] or console.tf_logs)
     import keras
     import tensorflow as tf
 
     from tfdist import callbacks as cb
+    from tfdist import compat
     from tfdist.preemption import PreemptionWatcher, default_check_steps
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
@@ -248,13 +226,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir) -> Result:
         timeout_s=cfg["collective_timeout_s"], startup_timeout_s=cfg["startup_timeout_s"],
         microbatches=cfg["microbatches"],
         placement=cfg["placement"], grad_compression=cfg["grad_compression"])
-    name = strategies.resolve_name(cfg["strategy"], cluster, options.devices, gpu_count())
-    if name == "multi_worker" and cluster.is_multi_worker:
-        print(f"tfdist: {cluster.task_type} {cluster.task_index}: starting; waiting up to "
-              f"{cfg['startup_timeout_s']:g} s (--startup-timeout-s) for the other workers",
-              flush=True)
-    strategy = strategies.build_strategy(name, cluster, options)
-    hooks = strategies.build_hooks(name, cluster, options)  # Horovod: ranks, shard, optimizer
+    adapter = choice.resolve(gpu_count())(cluster, options)
+    name = adapter.name
+    note = adapter.startup_note()  # before a build that may wait for peers
+    if note:
+        print(f"tfdist: {note}", flush=True)
+    compat.apply_all()  # Keras fit/evaluate under the strategy (as build_strategy does)
+    strategy = adapter.build()
+    hooks = adapter.hooks()  # e.g. ranks, input shard, optimizer wrapper, callbacks
     replicas = hooks.num_replicas(strategy)
     gbs = cfg["global_batch_size"]
     per_replica = data.per_replica_batch_size(gbs, replicas)

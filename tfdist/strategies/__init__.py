@@ -1,27 +1,26 @@
-"""Strategy adapters ("how to train"), one per file, behind `build_strategy`.
+"""Strategy adapters ("how to train"), one class per file, behind `build_strategy`.
 
-Adapters are imported lazily by name so that choosing one never imports the
-others' dependencies (Horovod, for instance).
+Each adapter is a subclass of `Adapter` registered by class (`@register`):
+it declares its name, the strategy-specific options it accepts, the general
+options it cannot honour, its pre-TensorFlow checks, its loop kind, and how
+it builds its `tf.distribute.Strategy` and its trainer `Hooks`. The run
+pipeline (`tfdist.trainer`) asks the adapter and names no strategy.
+
+Adapter modules import no TensorFlow and no engine (Horovod, the shared-memory
+engine) at module level, so registering them all costs nothing and choosing
+one never imports the others' dependencies.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+from typing import ClassVar
 
 from tfdist.errors import ConfigError
 
-# name -> module implementing `build(cluster, options) -> tf.distribute.Strategy`
-REGISTRY: dict[str, str] = {
-    "single": "tfdist.strategies.single",
-    "mirrored": "tfdist.strategies.mirrored",
-    "multi_worker": "tfdist.strategies.multi_worker",
-    "model_parallel": "tfdist.strategies.model_parallel",
-    "pipeline": "tfdist.strategies.pipeline",
-    "horovod": "tfdist.strategies.horovod",
-    "shm": "tfdist.strategies.shm",
-    "parameter_server": "tfdist.strategies.parameter_server",
-}
+# name -> adapter class, in the order `valid_names` lists them; filled by `register`
+# as the adapter modules are imported at the bottom of this file.
+REGISTRY: dict[str, type["Adapter"]] = {}
 ALIASES = ("auto",)
 
 
@@ -59,8 +58,8 @@ class StrategyOptions:
 class Hooks:
     """What an adapter may change in the trainer; these defaults change nothing.
 
-    An adapter module with a `hooks(cluster, options)` function returns a
-    subclass (Horovod does: its replicas are processes TensorFlow never sees).
+    An adapter whose `hooks()` changes something returns a subclass (Horovod
+    does: its replicas are processes TensorFlow never sees).
     """
 
     def num_replicas(self, strategy) -> int:
@@ -146,11 +145,123 @@ class ProcessReplicaHooks(Hooks):
         raise NotImplementedError
 
 
+
+class Adapter:
+    """One way to train: a subclass per strategy, one per file, registered by class.
+
+    Class attributes declare what the run pipeline needs before TensorFlow
+    starts; an instance (made after TensorFlow starts, with the cluster and
+    the options) builds the strategy and the hooks.
+
+    Attributes:
+        name: The `--strategy` name.
+        loop: "fit" (Keras `fit` on every training process) or "coordinator"
+            (the chief schedules steps on workers; `tfdist.ps`).
+        accepts: Strategy-specific options this adapter accepts (keys of
+            `tfdist.config.OPTIONS`); an option some adapter lists applies
+            only to the adapters that list it.
+        refuses: General options this adapter cannot honour, key -> why; they
+            apply to every other adapter.
+        process_replicas: One replica per process that TensorFlow never sees
+            (the cluster's workers are the replicas; `--warmup-epochs`).
+        sync_workers: The cluster's workers share each global batch
+            synchronously, so it must divide by their number.
+        portable: Synchronous data parallelism: the same math on any number
+            of replicas at one global batch, so a backup resumes under any
+            other portable adapter (`tfdist.run_dir`).
+    """
+
+    name: ClassVar[str] = ""
+    loop: ClassVar[str] = "fit"
+    accepts: ClassVar[tuple[str, ...]] = ()
+    refuses: ClassVar[dict[str, str]] = {}
+    process_replicas: ClassVar[bool] = False
+    sync_workers: ClassVar[bool] = False
+    portable: ClassVar[bool] = False
+
+    def __init__(self, cluster, options: StrategyOptions | None = None):
+        self.cluster = cluster
+        self.options = options or StrategyOptions()
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raises ConfigError when an optional dependency is missing (no TensorFlow)."""
+
+    @classmethod
+    def check_config(cls, cfg, cluster) -> None:
+        """Pre-TensorFlow checks of the merged config on this cluster (pure).
+
+        Raises:
+            ConfigError: for values this adapter cannot train with.
+            ClusterError: for a cluster it cannot run on.
+        """
+        if cfg.get("warmup_epochs") and not cls.process_replicas:
+            ramped = ", ".join(n for n, a in REGISTRY.items() if a.process_replicas)
+            raise ConfigError(
+                f"--warmup-epochs (Goyal et al.'s ramp from lr/size to lr) applies to "
+                f"strategies that run one replica per process ({ramped}). Received: "
+                f"--warmup-epochs {cfg['warmup_epochs']} with --strategy {cls.name}. Use "
+                "--warmup-steps N, which works under every strategy.")
+        if cls.sync_workers and cluster.is_multi_worker:
+            from tfdist import data
+
+            data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
+
+    @classmethod
+    def runs_loop(cls, cluster) -> bool:
+        """Whether this process runs the training loop (and owns the run dir's reads)."""
+        return True
+
+    def startup_note(self) -> str | None:
+        """A line to print before `build` blocks (waiting for peers), or None."""
+        return None
+
+    def build(self):
+        """The `tf.distribute.Strategy` (after TensorFlow started, before any op)."""
+        raise NotImplementedError
+
+    def hooks(self) -> Hooks:
+        """What this adapter changes in the trainer (the defaults change nothing)."""
+        return Hooks()
+
+
+def register(cls: type[Adapter]) -> type[Adapter]:
+    """Class decorator: adds an adapter to `REGISTRY` under its `name`."""
+    if not cls.name or cls.name in REGISTRY or cls.name in ALIASES:
+        raise ValueError(f"adapter {cls.__name__}: name {cls.name!r} is empty or taken")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def adapter_class(name: str) -> type[Adapter]:
+    """The adapter class of a concrete name (not "auto").
+
+    Raises:
+        ConfigError: for an unknown name.
+    """
+    check_name(name)
+    if name not in REGISTRY:
+        raise ConfigError(f"{name!r} is resolved by `resolve_name`, not an adapter itself.")
+    return REGISTRY[name]
+
+
+def accepting(key: str) -> tuple[str, ...] | None:
+    """The strategies an option applies to, from the adapters' declarations (None: all).
+
+    An option an adapter lists in `accepts` applies only to the adapters that
+    list it; one an adapter `refuses` applies to all the others.
+    """
+    listed = tuple(n for n, a in REGISTRY.items() if key in a.accepts)
+    if listed:
+        return listed
+    if any(key in a.refuses for a in REGISTRY.values()):
+        return tuple(n for n, a in REGISTRY.items() if key not in a.refuses)
+    return None
+
+
 def build_hooks(name: str, cluster, options: StrategyOptions | None = None) -> Hooks:
-    """The trainer hooks of a concrete adapter (`Hooks()` when it has none)."""
-    module = importlib.import_module(REGISTRY[name])
-    factory = getattr(module, "hooks", None)
-    return factory(cluster, options or StrategyOptions()) if factory else Hooks()
+    """The trainer hooks of a concrete adapter (`Hooks()` when it changes nothing)."""
+    return adapter_class(name)(cluster, options).hooks()
 
 
 def check_available(name: str) -> None:
@@ -160,9 +271,7 @@ def check_available(name: str) -> None:
     """
     check_name(name)
     if name in REGISTRY:
-        check = getattr(importlib.import_module(REGISTRY[name]), "check_available", None)
-        if check:
-            check()
+        REGISTRY[name].check_available()
 
 
 def valid_names() -> list[str]:
@@ -208,6 +317,61 @@ def has_ps_tasks(cluster) -> bool:
                 and cluster.tf_config.get("cluster", {}).get("ps"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """`--strategy` as asked, and the adapters it may resolve to before TensorFlow starts.
+
+    `auto` depends on the GPUs TensorFlow will count; everything checked before
+    TensorFlow is checked for every candidate, and `resolve` picks one of them.
+
+    Attributes:
+        asked: The name as given ("auto" or a concrete name).
+        candidates: The adapter classes it may become, in registry order.
+    """
+
+    asked: str
+    candidates: tuple[type[Adapter], ...]
+    cluster: object
+    devices: int | None
+
+    @property
+    def names(self) -> set[str]:
+        """The candidates' names."""
+        return {c.name for c in self.candidates}
+
+    @property
+    def loop(self) -> str:
+        """The loop kind, the same for every candidate."""
+        return self.candidates[0].loop
+
+    def check_available(self) -> None:
+        """Every candidate's optional dependencies (no TensorFlow)."""
+        for candidate in self.candidates:
+            candidate.check_available()
+
+    def check_config(self, cfg) -> None:
+        """Every candidate's pre-TensorFlow checks."""
+        for candidate in self.candidates:
+            candidate.check_config(cfg, self.cluster)
+
+    def resolve(self, gpus: int) -> type[Adapter]:
+        """The one adapter, once TensorFlow has counted the GPUs."""
+        return REGISTRY[resolve_name(self.asked, self.cluster, self.devices, gpus)]
+
+
+def choose(name: str, cluster, devices: int | None) -> Choice:
+    """Pure function: the `Choice` for `--strategy name` on `cluster` (no TensorFlow).
+
+    Raises:
+        ConfigError: for an unknown name.
+    """
+    possible = possible_names(name, cluster, devices)
+    candidates = tuple(a for n, a in REGISTRY.items() if n in possible)
+    if len({c.loop for c in candidates}) != 1:  # resolve_name keeps loop kinds apart
+        raise AssertionError(f"{name} may resolve to adapters with different loops: {possible}")
+    return Choice(name, candidates, cluster, devices)
+
+
 def build_strategy(name: str, cluster=None, options: StrategyOptions | None = None):
     """Builds a `tf.distribute.Strategy` by adapter name.
 
@@ -225,18 +389,39 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
     Raises:
         ConfigError: for an unknown name or impossible options.
     """
+    return build(name, cluster, options)[1]
+
+
+def build(name: str, cluster=None, options: StrategyOptions | None = None,
+          gpus: int | None = None):
+    """(adapter, strategy): `name` resolved once, then built (compat applied first).
+
+    Args:
+        name: One of `valid_names()`.
+        cluster: A `tfdist.cluster.ClusterInfo`; discovered when None.
+        options: StrategyOptions; defaults when None.
+        gpus: Physical GPUs, for `auto`; counted when None.
+    """
     from tfdist import cluster as cluster_lib
     from tfdist import compat
-    from tfdist.strategies.devices import gpu_count
 
     check_name(name)
     cluster = cluster or cluster_lib.detect()
     options = options or StrategyOptions()
-    concrete = resolve_name(name, cluster, options.devices, gpu_count())
+    if gpus is None:
+        from tfdist.strategies.devices import gpu_count
+
+        gpus = gpu_count()
+    adapter = REGISTRY[resolve_name(name, cluster, options.devices, gpus)](cluster, options)
     compat.apply_all()
-    module = importlib.import_module(REGISTRY[concrete])
-    return module.build(cluster, options)
+    return adapter, adapter.build()
 
 
-__all__ = ["REGISTRY", "Hooks", "ProcessReplicaHooks", "StrategyOptions", "build_hooks", "build_strategy",
-           "check_available", "check_name", "has_ps_tasks", "possible_names", "resolve_name", "valid_names"]
+__all__ = ["ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks", "ProcessReplicaHooks",
+           "StrategyOptions", "accepting", "adapter_class", "build", "build_hooks",
+           "build_strategy", "check_available", "check_name", "choose", "has_ps_tasks",
+           "possible_names", "register", "resolve_name", "valid_names"]
+
+# Importing the adapters registers them (in this order, the order `valid_names` lists).
+from tfdist.strategies import (  # noqa: E402,F401  (after Adapter and Hooks exist)
+    single, mirrored, multi_worker, model_parallel, pipeline, horovod, shm, parameter_server)

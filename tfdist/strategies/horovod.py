@@ -15,7 +15,7 @@ epoch metrics are averaged, and rank 0 is the chief that writes.
 from __future__ import annotations
 
 from tfdist.errors import ClusterError
-from tfdist.strategies import Hooks, ProcessReplicaHooks
+from tfdist.strategies import Adapter, Hooks, ProcessReplicaHooks, register
 
 
 def check_available() -> None:
@@ -80,6 +80,22 @@ class HorovodHooks(ProcessReplicaHooks):
         return float(total) > 0
 
 
-def hooks(cluster, options) -> Hooks:
-    """The trainer hooks for this cluster."""
-    return HorovodHooks(cluster, options.grad_compression)
+@register
+class Horovod(Adapter):
+    """Horovod data parallelism: one replica per process, started by `horovodrun`."""
+
+    name = "horovod"
+    portable = True
+    accepts = ("grad_compression",)
+    process_replicas = True
+    sync_workers = True
+
+    @classmethod
+    def check_available(cls):
+        check_available()
+
+    def build(self):
+        return build(self.cluster, self.options)
+
+    def hooks(self) -> Hooks:
+        return HorovodHooks(self.cluster, self.options.grad_compression)

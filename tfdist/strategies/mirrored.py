@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tfdist.strategies import Adapter, register
 from tfdist.strategies.devices import local_devices
 
 
@@ -18,3 +19,23 @@ def build(cluster, options):
     keras_grad_reduction.set_compression(options.grad_compression)
     devices = local_devices(options.devices)
     return tf.distribute.MirroredStrategy(devices=devices)
+
+
+@register
+class Mirrored(Adapter):
+    """One process, one replica per local device."""
+
+    name = "mirrored"
+    portable = True
+    accepts = ("devices", "grad_compression")
+
+    @classmethod
+    def check_config(cls, cfg, cluster):
+        super().check_config(cfg, cluster)
+        if cfg["devices"] > 1:  # the replica count is known before TensorFlow (CPU layouts)
+            from tfdist import data
+
+            data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
+
+    def build(self):
+        return build(self.cluster, self.options)

@@ -9,7 +9,7 @@ a time; `pipeline` overlaps them with micro-batches. One process, one replica.
 from __future__ import annotations
 
 from tfdist.errors import ConfigError
-from tfdist.strategies import Hooks
+from tfdist.strategies import Adapter, Hooks, register
 
 
 def build(cluster, options):
@@ -59,6 +59,24 @@ class ModelParallelHooks(Hooks):
         return self._transform(model, self.options)
 
 
-def hooks(cluster, options) -> Hooks:
-    """The trainer hooks: split the model (naive model parallelism, M = 1)."""
-    return ModelParallelHooks(options, transform_model)
+@register
+class ModelParallel(Adapter):
+    """The model's layers split over local devices (naive model parallelism, M = 1)."""
+
+    name = "model_parallel"
+    accepts = ("devices", "placement")
+
+    @classmethod
+    def check_config(cls, cfg, cluster):
+        super().check_config(cfg, cluster)
+        from tfdist.model_parallel import plan
+
+        plan.microbatch_size(cfg["global_batch_size"], cfg["microbatches"])
+        if cfg["placement"]:
+            plan.parse_placement(cfg["placement"])
+
+    def build(self):
+        return build(self.cluster, self.options)
+
+    def hooks(self) -> Hooks:
+        return ModelParallelHooks(self.options, transform_model)

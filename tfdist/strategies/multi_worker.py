@@ -21,6 +21,7 @@ import socket
 import time
 
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
+from tfdist.strategies import Adapter, register
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
@@ -172,3 +173,28 @@ def build(cluster, options):
             raise
         raise ClusterError(f"{cluster.task_type} {cluster.task_index} cannot listen on "
                            f"{own_address(cluster)}: {str(e).splitlines()[0][:200]}\n{_HINT}") from None
+
+
+@register
+class MultiWorker(Adapter):
+    """One replica group across processes (MultiWorkerMirroredStrategy)."""
+
+    name = "multi_worker"
+    portable = True
+    accepts = ("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression")
+    sync_workers = True
+
+    @classmethod
+    def check_config(cls, cfg, cluster):
+        super().check_config(cfg, cluster)
+        check_own_port(cluster)  # a busy port, before TensorFlow starts
+
+    def startup_note(self):
+        if not self.cluster.is_multi_worker:
+            return None
+        return (f"{self.cluster.task_type} {self.cluster.task_index}: starting; waiting up to "
+                f"{self.options.startup_timeout_s:g} s (--startup-timeout-s) for the other "
+                "workers")
+
+    def build(self):
+        return build(self.cluster, self.options)

@@ -11,6 +11,7 @@ in Keras 3" (keras-team/keras#18624, maintainer's answer).
 from __future__ import annotations
 
 from tfdist.errors import ClusterError
+from tfdist.strategies import Adapter, register
 
 PS_TASK_TYPES = ("chief", "worker", "ps")
 
@@ -46,3 +47,27 @@ def build(cluster, options):
         partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=options.min_shard_bytes, max_shards=options.ps_shards)
     return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+
+
+@register
+class ParameterServer(Adapter):
+    """Asynchronous training: the chief coordinates, workers compute, ps tasks hold variables."""
+
+    name = "parameter_server"
+    loop = "coordinator"
+    accepts = ("ps_shards", "min_shard_bytes")
+
+    @classmethod
+    def check_config(cls, cfg, cluster):
+        super().check_config(cfg, cluster)
+        from tfdist import ps
+
+        ps.check_cluster(cluster)
+        ps.check_partitioning(cfg["ps_shards"])
+
+    @classmethod
+    def runs_loop(cls, cluster):
+        return cluster.task_type == "chief"  # workers and ps tasks serve
+
+    def build(self):
+        return build(self.cluster, self.options)

@@ -9,7 +9,7 @@ fraction of each step is about (p - 1) / (M + p - 1) for p balanced stages;
 
 from __future__ import annotations
 
-from tfdist.strategies import model_parallel
+from tfdist.strategies import model_parallel, register
 
 
 def build(cluster, options):
@@ -28,6 +28,12 @@ def transform_model(model, options):
     return split
 
 
-def hooks(cluster, options):
-    """The trainer hooks: split the model into micro-batched stages."""
-    return model_parallel.ModelParallelHooks(options, transform_model)
+@register
+class Pipeline(model_parallel.ModelParallel):
+    """Model-parallel stages fed with micro-batches."""
+
+    name = "pipeline"
+    accepts = ("devices", "placement", "microbatches")
+
+    def hooks(self):
+        return model_parallel.ModelParallelHooks(self.options, transform_model)

@@ -14,7 +14,7 @@ averaged and rank 0 is the chief. No TensorFlow server starts.
 
 from __future__ import annotations
 
-from tfdist.strategies import Hooks, ProcessReplicaHooks
+from tfdist.strategies import Adapter, Hooks, ProcessReplicaHooks, register
 
 
 def check_available() -> None:
@@ -70,6 +70,30 @@ class ShmHooks(ProcessReplicaHooks):
         return bool(total[0] > 0)
 
 
-def hooks(cluster, options) -> Hooks:
-    """The trainer hooks for this cluster."""
-    return ShmHooks(cluster, options.grad_compression)
+@register
+class Shm(Adapter):
+    """Shared-memory data parallelism: one replica per process, all on one host."""
+
+    name = "shm"
+    portable = True
+    accepts = ("collective_timeout_s", "grad_compression")
+    process_replicas = True
+    sync_workers = True
+
+    @classmethod
+    def check_available(cls):
+        check_available()
+
+    @classmethod
+    def check_config(cls, cfg, cluster):
+        super().check_config(cfg, cluster)
+        if cluster.is_multi_worker:
+            from tfdist.shm import runtime
+
+            runtime.rendezvous_address(cluster)  # every worker on this host
+
+    def build(self):
+        return build(self.cluster, self.options)
+
+    def hooks(self) -> Hooks:
+        return ShmHooks(self.cluster, self.options.grad_compression)

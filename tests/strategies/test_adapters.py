@@ -1,0 +1,131 @@
+"""Adapters as classes: registered by class, owning their options and pre-TensorFlow
+checks; the run pipeline names no strategy (pure, no TensorFlow)."""
+
+import io
+import json
+import os
+import socket
+import tokenize
+
+import pytest
+
+from tests.conftest import REPO
+from tfdist import config, strategies, trainer
+from tfdist.cluster import detect
+from tfdist.errors import ClusterError, ConfigError
+
+LOCAL = detect({})
+
+
+def _tf_config(workers, index=0, **jobs):
+    spec = {"worker": workers, **jobs}
+    return detect({"TF_CONFIG": json.dumps({"cluster": spec,
+                                            "task": {"type": "worker", "index": index}})})
+
+
+# The run pipeline: the modules that set up, train and finish a run. The CLI
+# (tfdist/train.py) lists launch commands in its docstring and is not one of them.
+PIPELINE = ["tfdist/trainer.py", "tfdist/run_types.py", "tfdist/run_dir.py",
+            "tfdist/callbacks.py", "tfdist/checkpoint.py", "tfdist/model_dir.py"]
+
+
+def strategy_names_in(path: str) -> list[tuple[int, str]]:
+    """(line, token) for every name or string (docstrings too, not comments) that
+    holds a strategy name as a word."""
+    import re
+
+    names = [n for n in strategies.REGISTRY]
+    word = re.compile(r"(?<![\w-])(" + "|".join(names) + r")(?![\w-])")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.NAME, tokenize.STRING) and word.search(tok.string):
+            found.append((tok.start[0], tok.string[:80]))
+        elif tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1) and word.search(tok.string):
+            found.append((tok.start[0], tok.string[:80]))
+    return found
+
+
+@pytest.mark.parametrize("path", PIPELINE)
+def test_the_run_pipeline_names_no_strategy(path):
+    assert strategy_names_in(os.path.join(REPO, path)) == []
+
+
+def test_the_name_check_finds_names(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('x = cfg["strategy"] == "multi_worker"  # shm in a comment is fine\n'
+                     'from tfdist.strategies import horovod\n'
+                     'y = "a single device"\n')
+    assert [line for line, _ in strategy_names_in(str(probe))] == [1, 2, 3]
+
+
+def test_every_adapter_is_a_registered_class_in_its_own_file():
+    assert list(strategies.REGISTRY) == ["single", "mirrored", "multi_worker", "model_parallel",
+                                         "pipeline", "horovod", "shm", "parameter_server"]
+    for name, adapter in strategies.REGISTRY.items():
+        assert issubclass(adapter, strategies.Adapter) and adapter.name == name
+        assert adapter.__module__ == f"tfdist.strategies.{name}"
+        assert adapter.loop in ("fit", "coordinator")
+    with pytest.raises(ValueError, match="'shm' is empty or taken"):
+        strategies.register(type("Again", (strategies.Adapter,), {"name": "shm"}))
+
+
+def test_which_strategies_an_option_applies_to_is_the_adapters_declaration():
+    declared = set()
+    for adapter in strategies.REGISTRY.values():
+        declared |= set(adapter.accepts) | set(adapter.refuses)
+    assert declared <= set(config.OPTIONS)  # nothing declared for an option that is not there
+    for key, option in config.OPTIONS.items():
+        assert option.strategies == strategies.accepting(key), key
+    assert config.OPTIONS["collective_timeout_s"].strategies == ("multi_worker", "shm")
+    assert config.OPTIONS["epochs"].strategies is None
+
+
+def test_auto_is_one_choice_checked_for_every_candidate_before_tensorflow():
+    choice = strategies.choose("auto", LOCAL, None)
+    assert choice.names == {"single", "mirrored"} and choice.loop == "fit"
+    assert choice.resolve(gpus=0).name == "single" and choice.resolve(gpus=2).name == "mirrored"
+    assert strategies.choose("auto", _tf_config(["a:1", "b:1"]), None).names == {"multi_worker"}
+    ps = _tf_config(["a:1"], chief=["c:1"], ps=["p:1"])
+    ps_choice = strategies.choose("auto", ps, None)
+    assert ps_choice.names == {"parameter_server"} and ps_choice.loop == "coordinator"
+    assert not ps_choice.candidates[0].runs_loop(ps)  # a worker serves
+
+
+def _cfg(*argv):
+    return config.merge({}, list(argv), "recipe r")
+
+
+@pytest.mark.parametrize("argv, cluster, error, message", [
+    (["--strategy", "mirrored", "--devices", "3"], LOCAL, ConfigError, "not divisible"),
+    (["--strategy", "shm"], _tf_config(["127.0.0.1:1", "198.18.0.9:1"]), ClusterError,
+     "are on other hosts"),
+    (["--strategy", "pipeline", "--microbatches", "5"], LOCAL, ConfigError, "microbatches"),
+    (["--strategy", "model_parallel", "--placement", "nonsense"], LOCAL, ConfigError,
+     "placement"),
+    (["--strategy", "multi_worker", "--global-batch-size", "63"],
+     _tf_config(["127.0.0.1:1", "127.0.0.1:2"]), ConfigError, "not divisible"),
+    (["--warmup-epochs", "1"], LOCAL, ConfigError,
+     "(horovod, shm). Received: --warmup-epochs 1.0 with --strategy single"),
+    (["--strategy", "parameter_server"], LOCAL, ClusterError, "needs one 'chief'"),
+])
+def test_adapters_own_their_pre_tensorflow_checks(argv, cluster, error, message):
+    with pytest.raises(error) as e:
+        trainer.check_before_tensorflow(_cfg(*argv), cluster)
+    assert message in str(e.value)
+
+
+def test_multi_worker_refuses_its_own_busy_port_before_tensorflow():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        cluster = _tf_config([f"127.0.0.1:{port}", "127.0.0.1:1"])
+        with pytest.raises(ClusterError, match=f"cannot listen on 127.0.0.1:{port}"):
+            trainer.check_before_tensorflow(_cfg(), cluster)  # auto -> multi_worker
+
+
+def test_options_that_apply_pass_the_same_checks():
+    trainer.check_before_tensorflow(_cfg("--strategy", "mirrored", "--devices", "2"), LOCAL)
+    trainer.check_before_tensorflow(_cfg("--strategy", "pipeline", "--microbatches", "4"), LOCAL)
