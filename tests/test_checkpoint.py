@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, atomic_path, signature
+from tfdist.checkpoint import (BackupStore, ChiefWriter, TrainState, atomic_path, rebatch,
+                               signature)
 from tfdist.errors import CheckpointError
 from tfdist.trainer import describe_peer_failure
 from tfdist.cluster import detect
@@ -73,7 +74,7 @@ def test_save_load_restore_roundtrip_and_keep(tmp_path):
     record, arrays = store.load(store.latest())
     store.check_compatible(store.latest(), record, _expected(model, opt))
     assert record["state"] == {"epoch": 1, "step_in_epoch": 5, "global_step": 15,
-                               "history": {"loss": [1.0]}}
+                               "history": {"loss": [1.0]}, "data_offset": 0}
     fresh, fresh_opt = _vars(0.0)
     store.restore(arrays, fresh, fresh_opt)
     np.testing.assert_array_equal(fresh[0].value, np.full((2, 3), 15.0))
@@ -236,3 +237,44 @@ def test_layout_mapped_exactly_or_refused_naming_both(written, step, now, ok):
         check_layout("b.npz", record, state, now)
     assert f"steps_per_epoch={written!r}" in str(e.value)
     assert f"this run has steps_per_epoch={now}" in str(e.value)
+
+
+def test_batch_change_is_accepted_only_when_asked(tmp_path):
+    store = BackupStore(str(tmp_path), is_chief=True)
+    model, opt = _vars()
+    store.save(TrainState(epoch=1, step_in_epoch=6, global_step=28), model, opt, META)
+    with pytest.raises(CheckpointError, match="global_batch_size=64 but this run has "
+                                              "global_batch_size=96"):
+        store.resume(True, {**META, "global_batch_size": 96}, *_vars(scale=0.0))
+    fresh, fresh_opt = _vars(scale=0.0)
+    # Its mid-epoch position at batch 64 is no position at 96: the caller maps it (rebatch).
+    state, _ = store.resume(True, {**META, "global_batch_size": 96, "steps_per_epoch": 14},
+                            fresh, fresh_opt, batch_change_ok=True)
+    assert (state.step_in_epoch, fresh[0].value[0, 0]) == (6, 1.0)
+    with pytest.raises(CheckpointError, match="accumulate=1 but this run has accumulate=2"):
+        store.resume(True, {**META, "global_batch_size": 96, "accumulate": 2},
+                     *_vars(scale=0.0), batch_change_ok=True)
+
+
+@pytest.mark.parametrize("epoch, step, old, new, want_epoch, want_step, want_position, skipped", [
+    # digits_mlp: 22 batches of 64 per pass, 14 of 96, 44 of 32.
+    (1, 0, 64, 96, 1, 0, 14, 0),     # an epoch end maps exactly
+    (1, 6, 64, 96, 1, 4, 18, 0),     # 384 examples done = 4 batches of 96
+    (1, 8, 64, 96, 1, 6, 20, 64),    # 512 done: on at 576, skipping 64 (none twice)
+    (1, 21, 64, 96, 2, 0, 28, 0),    # 1344 done: no batch of 96 left in the pass
+    (1, 7, 64, 32, 1, 14, 58, 0),    # a smaller batch always maps exactly
+])
+def test_rebatch_keeps_the_data_position_in_examples(epoch, step, old, new, want_epoch,
+                                                     want_step, want_position, skipped):
+    per_pass = {64: 22, 96: 14, 32: 44}
+    state = TrainState(epoch=epoch, step_in_epoch=step, global_step=epoch * 22 + step,
+                       history={"loss": [1.0]})
+    got, n = rebatch(state, old, new, per_pass[old], per_pass[new])
+    assert (got.epoch, got.step_in_epoch, got.data_position, n) == (
+        want_epoch, want_step, want_position, skipped)
+    assert got.global_step == state.global_step  # optimizer steps keep counting
+    assert got.history == state.history and got.history is not state.history
+    # Mapped back, an exact position is where it was.
+    if not skipped and want_epoch == epoch:
+        back, _ = rebatch(got, new, old, per_pass[new], per_pass[old])
+        assert (back.step_in_epoch, back.data_position) == (step, state.global_step)

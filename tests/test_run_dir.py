@@ -84,3 +84,34 @@ def test_mid_epoch_backup_is_not_finished(tmp_path):
     _backup(tmp_path, cfg, epoch=2, step_in_epoch=3)
     assert not run_dir.inspect(str(tmp_path), cfg).finished
     assert json.dumps(run_dir.run_config(cfg))  # recordable as JSON
+
+
+def test_batch_change_needs_the_flag_and_rescales_from_the_backups_rate(tmp_path):
+    cfg = _cfg(epochs=2, learning_rate=0.1)
+    _backup(tmp_path, cfg, epoch=1, step_in_epoch=6)
+    with pytest.raises(ConfigError, match=r"--global-batch-size 64 there, 96 here.*pass "
+                                          r"--rescale-lr-on-batch-change"):
+        run_dir.inspect(str(tmp_path), _cfg(epochs=2, learning_rate=0.1, global_batch_size=96))
+    asked = _cfg(epochs=2, learning_rate=0.1, global_batch_size=96, lr_scaling="linear",
+                 rescale_lr_on_batch_change=True)
+    found = run_dir.inspect(str(tmp_path), asked)
+    assert (found.global_batch_size, found.learning_rate, found.step_in_epoch) == (64, 0.1, 6)
+    lr, line = run_dir.resume_learning_rate(found, asked, computed=0.1)
+    assert lr == pytest.approx(0.15)
+    assert "global batch 64 at global batch 96; learning rate 0.1 -> 0.15 (--lr-scaling " \
+           "linear" in line and "math now differs" in line
+    assert run_dir.resume_learning_rate(found, {**asked, "lr_scaling": "sqrt"}, 0.1)[0] == (
+        pytest.approx(0.1 * 1.5 ** 0.5))
+    assert run_dir.resume_learning_rate(found, {**asked, "lr_scaling": "none"}, 0.1)[0] == 0.1
+    # Other differences stay refused with the flag.
+    with pytest.raises(ConfigError, match="--learning-rate 0.1 there, 0.2 here"):
+        run_dir.inspect(str(tmp_path), {**asked, "learning_rate": 0.2})
+
+
+def test_a_rescaled_rate_is_kept_on_every_rerun_at_the_new_batch():
+    found = run_dir.Found(backup="b", global_batch_size=96, learning_rate=0.15)
+    assert run_dir.resume_learning_rate(found, _cfg(global_batch_size=96), 0.1) == (0.15, None)
+    assert run_dir.resume_learning_rate(run_dir.Found(), _cfg(), 0.1) == (0.1, None)
+    # Backups from before the rate was recorded: computed from their options.
+    conf = run_dir.run_config(_cfg(learning_rate=0.1, lr_scaling="linear", base_batch_size=32))
+    assert run_dir.recorded_learning_rate({"config": conf}) == pytest.approx(0.2)

@@ -122,14 +122,23 @@ class TrainState:
     Attributes:
         epoch: Epochs completed.
         step_in_epoch: Steps completed in the current epoch.
-        global_step: Steps completed in all (the data position).
+        global_step: Optimizer steps completed in all.
         history: Per-epoch metrics of the completed epochs.
+        data_offset: Added to `global_step` to give the data position in
+            global batches of this run's size: 0 unless the run was resumed
+            at another global batch (see `rebatch`).
     """
 
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
     history: dict = dataclasses.field(default_factory=dict)
+    data_offset: int = 0
+
+    @property
+    def data_position(self) -> int:
+        """Global batches of the repeated training data consumed so far."""
+        return self.global_step + self.data_offset
 
 
 def signature(variables) -> list[list]:
@@ -232,7 +241,8 @@ class BackupStore:
         return record, arrays
 
     @staticmethod
-    def check_compatible(path: str, record: dict, expected: dict) -> None:
+    def check_compatible(path: str, record: dict, expected: dict,
+                         batch_change_ok: bool = False) -> None:
         """Refuses a backup written by a different run.
 
         The strategy and replica count are not compared: every global batch
@@ -246,12 +256,16 @@ class BackupStore:
             expected: This run's values for the same keys (recipe,
                 global_batch_size, accumulate, model_signature,
                 optimizer_signature).
+            batch_change_ok: --rescale-lr-on-batch-change: another global
+                batch is accepted (the caller rescales and re-positions).
 
         Raises:
             CheckpointError: naming the first mismatch and both values.
         """
         hint = "Use another --model-dir, or pass --no-resume to start fresh there."
-        for key in ("recipe", "global_batch_size", "accumulate"):
+        keys = ("recipe", "accumulate") if batch_change_ok else (
+            "recipe", "global_batch_size", "accumulate")
+        for key in keys:
             if key not in record and key == "accumulate":
                 continue  # an older tfdist did not record it
             if key in expected and record.get(key) != expected[key]:
@@ -271,7 +285,8 @@ class BackupStore:
                         f"{ws} ({wd}) here but {gs} ({gd}) in the backup ({gp!r}). {hint}")
 
     def resume(self, enabled: bool, meta: dict, model_vars, optimizer_vars,
-               scope=contextlib.nullcontext) -> tuple[TrainState | None, str | None]:
+               scope=contextlib.nullcontext, batch_change_ok: bool = False,
+               ) -> tuple[TrainState | None, str | None]:
         """Restores the newest good backup into the variables, or clears old backups.
 
         A corrupt or truncated newest backup is skipped for the newest good
@@ -286,6 +301,8 @@ class BackupStore:
             model_vars: Model variables to fill.
             optimizer_vars: Optimizer variables to fill (built already).
             scope: Context manager for the assignments (the strategy's scope).
+            batch_change_ok: Accept a backup written at another global batch
+                (its position is then the caller's to map, see `rebatch`).
 
         Returns:
             (state, path) of the backup resumed from; (None, path of the newest
@@ -317,10 +334,11 @@ class BackupStore:
                     os.replace(bad, bad + CORRUPT_SUFFIX)
         self.check_compatible(path, record, {
             **meta, "model_signature": signature(model_vars),
-            "optimizer_signature": signature(optimizer_vars)})
+            "optimizer_signature": signature(optimizer_vars)}, batch_change_ok)
         state = TrainState(**record["state"])
         self.record = record
-        if "steps_per_epoch" in meta:
+        same_batch = record.get("global_batch_size") == meta.get("global_batch_size")
+        if "steps_per_epoch" in meta and same_batch:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
             self.restore(arrays, model_vars, optimizer_vars)
@@ -356,3 +374,47 @@ def check_layout(path: str, record: dict, state: TrainState, steps_per_epoch: in
         f"{written!r}), but this run has steps_per_epoch={steps_per_epoch}; a mid-epoch "
         "position cannot be mapped onto epochs of another length. Rerun with the backup's "
         "--steps-per-epoch to finish that epoch, or pass --no-resume to start fresh.")
+
+
+def rebatch(state: TrainState, old_batch: int, new_batch: int, old_batches_per_pass: int,
+            new_batches_per_pass: int) -> tuple[TrainState, int]:
+    """Pure function: a backup's position taken at `old_batch`, at `new_batch`.
+
+    The data position is kept in examples, not steps: the training data is
+    read in passes, each batched on its own (its last partial batch
+    dropped), so a position is (passes done, examples done in this pass).
+    Those examples of the pass are a multiple of `old_batch` and need not be
+    of `new_batch`: the run then goes on at the first new-size batch holding
+    no example it has already trained on in this pass (the next multiple of
+    `new_batch`), skipping fewer than `new_batch` examples of this pass, like
+    the partial batch every pass drops; rounding down instead would train
+    some examples twice in one epoch. A position past the pass's last full
+    new-size batch goes on at the next pass (and epoch).
+
+    The global step keeps counting optimizer steps (backup names, schedules);
+    `data_offset` carries the difference to the data position.
+
+    Args:
+        state: The backup's position.
+        old_batch: The global batch the backup was written at.
+        new_batch: This run's global batch.
+        old_batches_per_pass: Full batches in one pass of the data at `old_batch`.
+        new_batches_per_pass: The same at `new_batch`.
+
+    Returns:
+        (the position at `new_batch`, examples of the current pass skipped).
+    """
+    passes, in_pass = divmod(state.data_position, old_batches_per_pass)
+    seen = in_pass * old_batch
+    steps = -(-seen // new_batch)  # ceil: no example of this pass twice
+    skipped = steps * new_batch - seen
+    epoch, step_in_epoch = state.epoch, state.step_in_epoch and steps
+    if steps >= new_batches_per_pass:  # what is left of this pass fills no new batch
+        skipped = max(0, new_batches_per_pass * new_batch - seen)
+        passes, steps = passes + 1, 0
+        if state.step_in_epoch:
+            epoch, step_in_epoch = epoch + 1, 0
+    position = passes * new_batches_per_pass + steps
+    return dataclasses.replace(state, epoch=epoch, step_in_epoch=step_in_epoch,
+                               data_offset=position - state.global_step,
+                               history={k: list(v) for k, v in state.history.items()}), skipped

@@ -86,6 +86,10 @@ OPTIONS: dict[str, Option] = {
                       choices=("auto", "0", "1", "2")),
     "tf_logs": Option(False, "show TensorFlow's C++ start-up lines (or TFDIST_TF_LOGS=1)"),
     "resume": Option(True, "resume from MODEL_DIR/backup if it holds a backup"),
+    "rescale_lr_on_batch_change": Option(
+        False, "resume a backup written at another --global-batch-size: its learning rate "
+        "is rescaled by --lr-scaling and its data position kept in examples; the math then "
+        "differs from an uninterrupted run (without it, a batch change is refused)"),
     "keep": Option(3, "backups kept in MODEL_DIR/backup", ge=1),
     "save_every_steps": Option(0, "also back up mid-epoch every N steps (0: epoch ends only)",
                                ge=0),

@@ -9,7 +9,10 @@ TensorFlow starts, a rerun compares it with the newest backup's record:
   "already finished (N epochs), nothing to do"; exit 0, nothing rewritten;
   a larger --epochs extends it, and says so;
 * a different configuration: an error naming each difference, offering
-  --no-resume (start over there) or another --model-dir.
+  --no-resume (start over there) or another --model-dir;
+* another global batch with --rescale-lr-on-batch-change: resume, the
+  learning rate rescaled from the backup's (`resume_learning_rate`), the
+  data position mapped in examples (`tfdist.checkpoint.rebatch`).
 
 The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Ndev]`, one per launch
 shape, so the README's launch modes never meet in one directory; what is
@@ -24,6 +27,7 @@ import dataclasses
 import os
 
 from tfdist import strategies
+from tfdist.data import scale_learning_rate
 from tfdist.errors import CheckpointError, ConfigError
 
 # Options that change how a run is executed, watched or saved, not what it
@@ -32,7 +36,12 @@ RUN_CONTROL = frozenset({
     "epochs", "verbose", "tf_logs", "resume", "keep", "save_every_steps",
     "preempt_check_steps", "csv_log", "tensorboard", "status_file", "model_dir", "threads",
     "inter_op_threads", "collective", "collective_timeout_s", "deterministic",
-    "straggler_delay_ms", "straggler_worker", "steps_per_epoch"})
+    "straggler_delay_ms", "straggler_worker", "steps_per_epoch",
+    "rescale_lr_on_batch_change"})
+
+# What --rescale-lr-on-batch-change lets a resumed run change: the batch, and
+# the rule its learning rate follows the batch by.
+BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 
 # Synchronous data-parallel strategies compute the same math on any number of
 # replicas at one global batch (every global batch holds the same examples, all
@@ -59,12 +68,13 @@ def default_model_dir(recipe_name: str, cfg: dict, num_workers: int) -> str:
     return os.path.join("runs", recipe_name, name)
 
 
-def differences(recorded: dict, current: dict) -> list[str]:
+def differences(recorded: dict, current: dict, batch_change_ok: bool = False) -> list[str]:
     """Pure function: 'key: A there, B here' for each option that differs.
 
     `strategy: auto` matches any strategy (auto picks by environment); between
     data-parallel strategies neither the strategy nor --devices counts (see
-    `DATA_PARALLEL`); keys only one side knows (an option added since) are ignored.
+    `DATA_PARALLEL`); keys only one side knows (an option added since) are ignored;
+    with `batch_change_ok` (--rescale-lr-on-batch-change) neither do `BATCH_CHANGE`'s.
     """
     out = []
     portable = {recorded.get("strategy"), current.get("strategy")} <= DATA_PARALLEL
@@ -73,6 +83,8 @@ def differences(recorded: dict, current: dict) -> list[str]:
         if key == "strategy" and "auto" in (a, b):
             continue
         if key in ("strategy", "devices") and portable:
+            continue
+        if key in BATCH_CHANGE and batch_change_ok:
             continue
         if a != b:
             out.append(f"--{key.replace('_', '-')} {a!r} there, {b!r} here")
@@ -88,12 +100,60 @@ class Found:
         epochs_done: Completed epochs in it.
         finished: It ends at an epoch end with at least `epochs` epochs done.
         epochs_asked: The --epochs of the run that wrote it (None if unknown).
+        step_in_epoch: Steps done in the epoch it stopped in.
+        global_batch_size: The global batch it was written at (None if unknown).
+        learning_rate: The learning rate it trained with (None if unknown).
     """
 
     backup: str | None = None
     epochs_done: int = 0
     finished: bool = False
     epochs_asked: int | None = None
+    step_in_epoch: int = 0
+    global_batch_size: int | None = None
+    learning_rate: float | None = None
+
+
+def recorded_learning_rate(record: dict) -> float | None:
+    """Pure function: the learning rate a backup's run trained with.
+
+    Recorded since --rescale-lr-on-batch-change (a rescaled run's rate is not
+    what its options give); computed from the recorded options before that.
+    """
+    if "learning_rate" in record:
+        return float(record["learning_rate"])
+    conf = record.get("config", {})
+    try:
+        effective = conf["global_batch_size"] * conf.get("accumulate", 1)
+        return scale_learning_rate(conf["learning_rate"], effective,
+                                   conf.get("base_batch_size") or effective,
+                                   conf.get("lr_scaling", "none"))
+    except (KeyError, TypeError, ConfigError):
+        return None
+
+
+def resume_learning_rate(found: Found, cfg: dict, computed: float) -> tuple[float, str | None]:
+    """Pure function: the learning rate a run resuming `found` trains with.
+
+    The backup's own rate (a rescaled run's rate stays rescaled on every
+    rerun); at another global batch that rate rescaled by --lr-scaling,
+    relative to the backup's batch. `computed` (from the options) when there
+    is no backup or it did not record enough.
+
+    Returns:
+        (learning rate, the line that explains a batch change, or None).
+    """
+    if found.learning_rate is None or found.global_batch_size is None:
+        return computed, None
+    old, new = found.global_batch_size, cfg["global_batch_size"]
+    if old == new:
+        return found.learning_rate, None
+    lr = scale_learning_rate(found.learning_rate, new, old, cfg["lr_scaling"])
+    return lr, (f"--rescale-lr-on-batch-change: resuming a backup written at global batch "
+                f"{old} at global batch {new}; learning rate {found.learning_rate:g} -> {lr:g} "
+                f"(--lr-scaling {cfg['lr_scaling']}, relative to the backup's batch and "
+                "learning rate). The math now differs from an uninterrupted run at either "
+                "batch.")
 
 
 def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
@@ -120,14 +180,21 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
         return Found(backup=paths[-1])
     if recipe_name and record.get("recipe") not in (None, recipe_name):
         return Found(backup=paths[-1])  # another recipe: the trainer's resume names it
-    diff = differences(record.get("config", {}), run_config(cfg))
+    diff = differences(record.get("config", {}), run_config(cfg),
+                       bool(cfg.get("rescale_lr_on_batch_change")))
     if diff:
         raise ConfigError(
             f"{model_dir} holds a run with another configuration ({paths[-1]}): "
             f"{'; '.join(diff)}. Pass --no-resume to start over there (its backups are "
-            "deleted), or --model-dir DIR for a separate run.")
+            "deleted), or --model-dir DIR for a separate run."
+            + (" To go on at another global batch, pass --rescale-lr-on-batch-change "
+               "(the learning rate is rescaled by --lr-scaling; the math then differs)."
+               if any(d.startswith("--global-batch-size ") for d in diff) else ""))
     state = record.get("state", {})
     done = int(state.get("epoch", 0))
     finished = state.get("step_in_epoch", 0) == 0 and done >= cfg["epochs"]
     return Found(backup=paths[-1], epochs_done=done, finished=finished,
-                 epochs_asked=record.get("epochs"))
+                 epochs_asked=record.get("epochs"),
+                 step_in_epoch=int(state.get("step_in_epoch", 0)),
+                 global_batch_size=record.get("global_batch_size"),
+                 learning_rate=recorded_learning_rate(record))

@@ -183,11 +183,35 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         if found.epochs_asked is not None and found.epochs_asked != cfg["epochs"]:
             _log(cluster, f"extending the run in {model_dir} from {found.epochs_asked} to "
                           f"{cfg['epochs']} epochs ({found.epochs_done} done)")
+        check_batch_change(found, cfg)
+    else:
+        found = run_dir.Found()
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
         if choice.loop == "coordinator":  # asynchronous training has its own loop
             return ps.run(recipe, cfg, cluster)
-        return _train(recipe, cfg, cluster, callbacks, model_dir, choice)
+        return _train(recipe, cfg, cluster, callbacks, model_dir, choice, found)
+
+
+def check_batch_change(found, cfg: dict) -> None:
+    """Refuses a batch change whose data position cannot be mapped (before TensorFlow).
+
+    A mid-epoch position maps onto another batch through the data's passes
+    (`checkpoint.rebatch`), which are the epochs only when --steps-per-epoch
+    is 0.
+
+    Raises:
+        ConfigError: naming the backup's position and both batches.
+    """
+    changed = found.global_batch_size not in (None, cfg["global_batch_size"])
+    if changed and cfg["steps_per_epoch"] and found.step_in_epoch:
+        raise ConfigError(
+            f"{found.backup} was taken at step {found.step_in_epoch} of an epoch at global "
+            f"batch {found.global_batch_size}; with --steps-per-epoch "
+            f"{cfg['steps_per_epoch']} an epoch is not a pass over the data, so that position "
+            f"has no place in an epoch at global batch {cfg['global_batch_size']}. Finish "
+            f"the epoch at --global-batch-size {found.global_batch_size} first, or pass "
+            "--steps-per-epoch 0.")
 
 
 def _read_metrics(model_dir: str) -> dict:
@@ -200,7 +224,32 @@ def _read_metrics(model_dir: str) -> dict:
         return {}
 
 
-def _train(recipe, cfg, cluster, callbacks, model_dir, choice) -> Result:
+def _rebatch(state, old_gbs, gbs, cfg, steps_per_epoch, train_dataset, cluster, lr_line):
+    """The backup's position at this run's batch (see `checkpoint.rebatch`), logged."""
+    from tfdist.checkpoint import rebatch
+
+    old_per_pass = data.count_elements(train_dataset(repeat=False, batch=old_gbs))
+    new_per_pass = (steps_per_epoch if not cfg["steps_per_epoch"]
+                    else data.count_elements(train_dataset(repeat=False)))
+    new, skipped = rebatch(state, old_gbs, gbs, old_per_pass, new_per_pass)
+    seen = (state.data_position % old_per_pass) * old_gbs
+    _log(cluster, f"{lr_line} Data position kept in examples: {seen} examples of the current "
+                  f"pass done at batch {old_gbs} (step {state.step_in_epoch} of epoch "
+                  f"{state.epoch}); going on at step {new.step_in_epoch} of epoch {new.epoch} "
+                  f"at batch {gbs}, skipping {skipped} example(s) of this pass so that none "
+                  "is trained twice in it")
+    return new
+
+
+def _set_learning_rate(optimizer, lr: float) -> None:
+    """Assigns a constant learning rate (a schedule is rebuilt from it already)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    variable = getattr(inner, "_learning_rate", None)
+    if hasattr(variable, "assign"):
+        variable.assign(lr)
+
+
+def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
     console = cluster_lib.detect_console()
     import_tensorflow(show_logs=cfg["tf_logs"] or console.tf_logs)
     import keras
@@ -241,14 +290,16 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice) -> Result:
     effective = gbs * cfg["accumulate"]
     lr = data.scale_learning_rate(cfg["learning_rate"], effective,
                                   cfg["base_batch_size"] or effective, cfg["lr_scaling"])
+    # A resumed run goes on at its backup's rate (rescaled if the batch changed).
+    lr, rescaled = run_dir.resume_learning_rate(found, cfg, lr) if cfg["resume"] else (lr, None)
     _log(cluster, f"recipe={recipe.RECIPE_NAME} strategy={name} num_replicas={replicas} "
                   f"workers={cluster.num_workers} source={cluster.source} "
                   f"global_batch_size={gbs} per_replica_batch_size={per_replica} "
                   f"learning_rate={lr:g} accumulate={cfg['accumulate']} "
                   f"precision={cfg['precision']} model_dir={model_dir}")
 
-    def train_dataset(skip_batches=0, repeat=True):
-        return data.prepare(recipe_lib.build_dataset(recipe, cfg, "train"), gbs,
+    def train_dataset(skip_batches=0, repeat=True, batch=gbs):
+        return data.prepare(recipe_lib.build_dataset(recipe, cfg, "train"), batch,
                             num_workers=cluster.num_workers, training=True,
                             shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"],
                             shard_by=hooks.input_shard(),
@@ -282,10 +333,12 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice) -> Result:
     meta = {"recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
             "global_batch_size": gbs, "accumulate": cfg["accumulate"],
             "steps_per_epoch": steps_per_epoch,
-            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}  # for reruns
+            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"],  # for reruns
+            "learning_rate": lr}
     try:
         restored, backup = store.resume(cfg["resume"], meta, model.variables,
-                                        optimizer.variables, strategy.scope)
+                                        optimizer.variables, strategy.scope,
+                                        batch_change_ok=cfg["rescale_lr_on_batch_change"])
     finally:  # said even when the backup fallen back to is then refused
         for bad, why in store.skipped:
             _log(cluster, f"skipped backup {bad}, moved aside to {bad}{CORRUPT_SUFFIX}: {why}")
@@ -298,6 +351,12 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice) -> Result:
             _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
                           f"replica{'s' if replicas != 1 else ''} ({name}), at the same global "
                           f"batch {gbs}: the same examples per step, the same math")
+        old_gbs = store.record.get("global_batch_size")
+        if old_gbs != gbs:
+            state = _rebatch(state, old_gbs, gbs, cfg, steps_per_epoch, train_dataset, cluster,
+                             rescaled or f"learning rate {lr:g}")
+            with strategy.scope():  # the backup's rate was restored with its variables
+                _set_learning_rate(optimizer, lr)
     elif backup:
         _log(cluster, f"--no-resume: removed old backups in {store.directory}")
 
@@ -327,7 +386,7 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice) -> Result:
         while state.epoch < cfg["epochs"] and not backup_cb.preempted:
             # A run resumed mid-epoch first finishes that epoch on its own.
             partial = state.step_in_epoch > 0
-            model.fit(train_dataset(skip_batches=state.global_step),
+            model.fit(train_dataset(skip_batches=state.data_position),
                       initial_epoch=state.epoch,
                       epochs=state.epoch + 1 if partial else cfg["epochs"],
                       steps_per_epoch=steps_per_epoch - state.step_in_epoch,

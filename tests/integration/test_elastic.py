@@ -5,12 +5,13 @@ batch 96 with deterministic ops, backing up every 4 steps. Whatever ran the
 first part (2 MWMS workers, 2 shm ranks, 2 Horovod ranks) and whatever resumes
 it (1 process, 3 workers, ...), the final weights must equal those of one
 uninterrupted single-replica run: every global batch holds the same examples
-whatever the number of replicas. (A changed global batch is refused:
-test_fault_tolerance.py::test_backup_from_other_run_is_refused.)
+whatever the number of replicas. A changed global batch is refused unless
+--rescale-lr-on-batch-change is given (then the math differs, by design).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -19,7 +20,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import WORKERS, run_py, tail
+from tests.integration.slurm_util import keras_weights
 from tests.integration.test_horovod import VENV, _env, horovodrun
+from tfdist import exit_codes
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +161,48 @@ def test_launcher_goes_on_with_the_survivors_when_a_worker_cannot_come_back(base
             "2 surviving worker(s) (--min-workers 2)") in proc.stderr
     assert "resumed from a 3-replica multi_worker backup on 2 replicas" in proc.stdout
     _assert_equal(baseline, dump, 2)
+
+
+def test_batch_change_is_refused_before_training_unless_asked_then_lr_is_rescaled(tmp_path):
+    # One process at batch 64 killed after its 7th step: the newest backup is step 6 of
+    # epoch 0 (384 examples), which is step 4 at batch 96.
+    model_dir = str(tmp_path / "model")
+    args = ["digits_mlp", "--seed", "0", "--deterministic", "--learning-rate", "0.1",
+            "--verbose", "0", "--threads", "1", "--epochs", "1", "--strategy", "single",
+            "--model-dir", model_dir]
+    proc = run_py([DUMP, str(tmp_path / "unused"), "--kill-worker", "0", "--kill-at-step", "7",
+                   "--marker", str(tmp_path / "marker"), *args, "--global-batch-size", "64",
+                   "--save-every-steps", "6"])
+    assert proc.returncode != 0 and "FAULT: worker 0 SIGKILLs itself" in proc.stdout, tail(proc)
+    assert os.listdir(os.path.join(model_dir, "backup")) == ["ckpt-0000000006.npz"]
+
+    at_96 = ["-m", "tfdist.train", *args, "--global-batch-size", "96", "--lr-scaling", "linear"]
+    proc = run_py(at_96)
+    assert proc.returncode == exit_codes.CONFIG, tail(proc)
+    assert "--global-batch-size 64 there, 96 here" in proc.stderr, tail(proc)
+    assert "--rescale-lr-on-batch-change" in proc.stderr
+    assert "per_replica_batch_size" not in proc.stdout  # refused before TensorFlow started
+    assert os.listdir(os.path.join(model_dir, "backup")) == ["ckpt-0000000006.npz"]
+
+    proc = run_py([*at_96, "--rescale-lr-on-batch-change"])
+    assert proc.returncode == 0, tail(proc)
+    assert ("resuming a backup written at global batch 64 at global batch 96; learning rate "
+            "0.1 -> 0.15 (--lr-scaling linear, relative to the backup's batch and learning "
+            "rate). The math now differs from an uninterrupted run") in proc.stdout, tail(proc)
+    assert ("384 examples of the current pass done at batch 64 (step 6 of epoch 0); going on "
+            "at step 4 of epoch 0 at batch 96, skipping 0 example(s)") in proc.stdout
+    assert "global_batch_size=96 per_replica_batch_size=96 learning_rate=0.15 " in proc.stdout
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    # 6 optimizer steps at 64, then the 10 steps of batch 96 left in the epoch.
+    assert (metrics["global_step"], metrics["learning_rate"]) == (16, pytest.approx(0.15))
+    # The optimizer trained at the new rate, not at the one its backup restored.
+    assert pytest.approx(0.15) in [float(a) for a in keras_weights(
+        os.path.join(model_dir, "model.keras")) if np.ndim(a) == 0 and a.dtype.kind == "f"]
+
+    # A rerun at batch 96 needs no flag: its backups are at 96, at the rescaled rate.
+    proc = run_py(["-m", "tfdist.train", *args[:-6], "--epochs", "2", "--strategy", "single",
+                   "--model-dir", model_dir, "--global-batch-size", "96",
+                   "--lr-scaling", "linear"])
+    assert proc.returncode == 0, tail(proc)
+    assert "learning_rate=0.15 " in proc.stdout and "resumed from" in proc.stdout, tail(proc)
