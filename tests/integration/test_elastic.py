@@ -81,10 +81,12 @@ def _killed(tmp_path, strategy):
     return model_dir
 
 
-def test_two_workers_killed_mid_epoch_resume_on_one_and_on_three(baseline, tmp_path):
+def test_two_workers_killed_mid_epoch_resume_on_one_on_three_and_on_three_devices(
+        baseline, tmp_path):
     model_dir = _killed(tmp_path, "multi_worker")
-    three = str(tmp_path / "three")
+    three, devices = str(tmp_path / "three"), str(tmp_path / "devices")
     shutil.copytree(model_dir, three)
+    shutil.copytree(model_dir, devices)
 
     proc = _run(1, str(tmp_path / "dump1"), model_dir, "single")
     assert proc.returncode == 0, tail(proc)
@@ -97,6 +99,15 @@ def test_two_workers_killed_mid_epoch_resume_on_one_and_on_three(baseline, tmp_p
     assert "resumed from a 2-replica multi_worker backup on 3 replicas (multi_worker)" in (
         proc.stdout), tail(proc)
     _assert_equal(baseline, str(tmp_path / "dump3"), 3)
+
+    # One process, 3 replicas: MirroredStrategy over 3 logical CPU devices.
+    proc = run_py([DUMP, str(tmp_path / "dump-dev"), *COMMON, "--epochs", "4", "--strategy",
+                   "mirrored", "--devices", "3", "--model-dir", devices])
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from a 2-replica multi_worker backup on 3 replicas (mirrored)" in (
+        proc.stdout), tail(proc)
+    assert "per_replica_batch_size=32" in proc.stdout
+    _assert_equal(baseline, str(tmp_path / "dump-dev"), 1)
 
 
 def test_shm_backup_resumes_under_single(baseline, tmp_path):
@@ -117,9 +128,9 @@ def venv():
     return VENV
 
 
-def _horovod(venv, dump, model_dir, epochs):
-    """2 Horovod ranks (Gloo) in the Horovod venv (TensorFlow 2.18)."""
-    return horovodrun(venv, 2, "gloo", [
+def _horovod(venv, dump, model_dir, epochs, ranks=2):
+    """`ranks` Horovod ranks (Gloo) in the Horovod venv (TensorFlow 2.18)."""
+    return horovodrun(venv, ranks, "gloo", [
         os.path.join(WORKERS, "hvd_train_dump.py"), dump, *COMMON, "--epochs", str(epochs),
         "--strategy", "horovod", "--model-dir", model_dir])
 
@@ -135,15 +146,15 @@ def test_horovod_backup_resumes_under_multi_worker_and_back(venv, baseline, tmp_
         proc.stdout), tail(proc)
     _assert_equal(baseline, str(tmp_path / "dump-mw"), 2)
 
-    # And the reverse: MWMS's first 2 epochs, Horovod's last 2.
+    # And the reverse on 4 ranks: MWMS's first 2 epochs, 4 Horovod ranks' last 2.
     model_dir = str(tmp_path / "mw-first")
     proc = _run(2, str(tmp_path / "unused2"), model_dir, "multi_worker", epochs=2)
     assert proc.returncode == 0, tail(proc)
-    proc = _horovod(venv, str(tmp_path / "dump-hvd"), model_dir, epochs=4)
+    proc = _horovod(venv, str(tmp_path / "dump-hvd"), model_dir, epochs=4, ranks=4)
     assert proc.returncode == 0, tail(proc)
-    assert "resumed from a 2-replica multi_worker backup on 2 replicas (horovod)" in (
+    assert "resumed from a 2-replica multi_worker backup on 4 replicas (horovod)" in (
         proc.stdout), tail(proc)
-    _assert_equal(baseline, str(tmp_path / "dump-hvd"), 2)
+    _assert_equal(baseline, str(tmp_path / "dump-hvd"), 4)
 
 
 def test_launcher_goes_on_with_the_survivors_when_a_worker_cannot_come_back(baseline, tmp_path):
