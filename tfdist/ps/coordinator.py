@@ -9,7 +9,9 @@ whichever worker is free, reads the current weights from the ps, and applies
 its gradients there without waiting for the others (asynchronous SGD).
 
 Failures: ClusterCoordinator re-queues a step whose worker died and runs it on
-another worker; the job goes on without the dead one. A lost ps holds part of
+another worker; the job goes on without the dead one (a worker whose host
+vanished without a TCP reset is noticed by gRPC keepalive pings,
+`tfdist.compat.grpc_keepalive`). A lost ps holds part of
 the model, so it ends the job here with a ClusterError; the chief backs up the
 variables (read from the ps) at every epoch end through the shared
 `BackupStore`, and a rerun resumes from the newest backup (weights and
@@ -26,6 +28,7 @@ import time
 from tfdist import callbacks, data, run_dir, strategies
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.compat import grpc_keepalive
 from tfdist.errors import ClusterError
 from tfdist.ps.net import reachable
 from tfdist.run_types import Result, check_free_space, model_dir_for
@@ -77,6 +80,9 @@ def train(recipe, cfg: dict, cluster):
     keras.mixed_precision.set_global_policy(cfg["precision"])
     spec = cluster.tf_config["cluster"]
     workers = spec["worker"]
+    # Before the strategy opens channels to the tasks: a worker whose host
+    # vanishes must fail its pending step, not hold it for ~15 minutes.
+    grpc_keepalive.apply()
     options = strategies.StrategyOptions(ps_shards=cfg["ps_shards"],
                                          min_shard_bytes=cfg["min_shard_bytes"])
     strategy = strategies.build_strategy("parameter_server", cluster, options)
