@@ -103,7 +103,8 @@ def test_min_workers_goes_on_without_a_worker_that_cannot_come_back():
     assert "without --model-dir in COMMAND" in proc.stderr
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--min-workers", "3", "--", "true"],
                   timeout=30)
-    assert proc.returncode == 2 and "--min-workers must be in [1, -n]" in proc.stderr
+    assert proc.returncode == 2 and ("--min-workers must be in [1, the number of workers]. "
+                                     "Received: --min-workers 3 with -n 2") in proc.stderr
 
 
 def test_log_dir_writes_one_unprefixed_file_per_worker(tmp_path):

@@ -30,6 +30,14 @@ def test_place_fills_slots_in_order():
         remote.place(4, hosts)
 
 
+def test_without_drops_lost_hosts_and_one_slot():
+    hosts = [("h0", 2), ("h1", 1), ("h2", 1)]
+    assert remote.without(hosts, {"h1"}) == [("h0", 2), ("h2", 1)]
+    assert remote.without(hosts, one_slot_of="h0") == [("h0", 1), ("h1", 1), ("h2", 1)]
+    assert remote.without(hosts, one_slot_of="h2") == [("h0", 2), ("h1", 1)]
+    assert remote.without(hosts, {"h0", "h2"}, one_slot_of="h1") == []
+
+
 def test_forwarded_env_keeps_what_workers_need_only():
     env = {"PATH": "/bin", "PYTHONPATH": "/src", "TF_CONFIG": "{}", "TFDIST_X": "1",
            "HOME": "/root", "SSH_AUTH_SOCK": "/tmp/a", "MINE": "m"}

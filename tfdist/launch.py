@@ -253,9 +253,21 @@ class _Remote:
     """Where remote tasks go: hosts with slots, their addresses, how to ssh there."""
 
     def __init__(self, hosts: list[tuple[str, int]], ssh_config: str | None,
-                 forward: tuple[str, ...] = ()):
+                 forward: tuple[str, ...] = (), addresses: dict | None = None):
         self.hosts, self.ssh_config, self.forward = hosts, ssh_config, forward
-        self.addresses = {h: remote.resolve(h, ssh_config) for h, _ in hosts}
+        self.addresses = addresses or {h: remote.resolve(h, ssh_config) for h, _ in hosts}
+
+    def without(self, gone=frozenset(), one_slot_of: str | None = None) -> "_Remote":
+        """These hosts less `gone` and less one slot of `one_slot_of` (see remote.without)."""
+        return _Remote(remote.without(self.hosts, gone, one_slot_of), self.ssh_config,
+                       self.forward, self.addresses)
+
+    def spec(self) -> str:
+        return ",".join(f"{h}:{n}" for h, n in self.hosts)
+
+    def unreachable(self) -> dict[str, str]:
+        """{host: why} for the hosts that do not answer over ssh now."""
+        return remote.unreachable([h for h, _ in self.hosts], self.ssh_config)
 
     def placement(self, num_tasks: int) -> list[tuple[str, str, int]]:
         """(host, address, free port) for each task, slots filled in order."""
@@ -317,7 +329,7 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
     min_workers = num_workers if min_workers is None else min_workers
     attempt, launches = 0, 0
     while True:
-        status, (failed_index, failed_code), signalled = _run_once(
+        status, (failed_index, failed_code, failed_host), signalled = _run_once(
             num_workers, command, deadline, timeout_s, env, log_dir, append=launches > 0,
             hosts=hosts)
         launches += 1
@@ -327,14 +339,33 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
             return 128 + signal.SIGINT if signalled == signal.SIGINT else status
         if status in (0, 124) or failed_code in NO_RESTART:
             return status
+        lost = hosts.unreachable() if hosts is not None else {}
+        if lost:  # a host that does not answer cannot take a restart: go on without it
+            survivors = hosts.without(set(lost))
+            left = min(num_workers, sum(n for _, n in survivors.hosts))
+            named = ", ".join(f"{h} ({hosts.addresses[h]}): {why}" for h, why in lost.items())
+            if left < max(1, min_workers):
+                print(f"tfdist.launch: host(s) unreachable: {named}; not relaunching: {left} "
+                      f"worker(s) would remain, fewer than --min-workers {min_workers}.",
+                      file=sys.stderr, flush=True)
+                return status
+            print(f"tfdist.launch: host(s) unreachable: {named}; relaunching with {left} "
+                  f"worker(s) on {survivors.spec()} (--min-workers {min_workers}); they resume "
+                  "from the last backup at the same global batch.", file=sys.stderr, flush=True)
+            hosts, num_workers, attempt = survivors, left, 0
+            continue
         if attempt >= max_restarts:
             if num_workers - 1 < max(1, min_workers):
                 return status
+            where = ""
+            if hosts is not None:  # its slot goes: the survivors keep their hosts
+                hosts = hosts.without(one_slot_of=failed_host)
+                where = f" on {hosts.spec()}"
             print(f"tfdist.launch: worker {failed_index} did not come back "
                   f"({describe_exit(failed_code)} after {max_restarts} restart(s)); "
-                  f"relaunching with the {num_workers - 1} surviving worker(s) (--min-workers "
-                  f"{min_workers}); they resume from the last backup at the same global batch.",
-                  file=sys.stderr, flush=True)
+                  f"relaunching with the {num_workers - 1} surviving worker(s){where} "
+                  f"(--min-workers {min_workers}); they resume from the last backup at the "
+                  "same global batch.", file=sys.stderr, flush=True)
             num_workers, attempt = num_workers - 1, 0
             continue
         attempt += 1
@@ -345,8 +376,8 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
 def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, append=False,
               hosts=None):
-    """One launch of all workers: (status, (index, exit code) of the failed worker or
-    (None, None), the signal the launcher forwarded or None)."""
+    """One launch of all workers: (status, (index, exit code, host) of the failed worker
+    or (None, None, None), the signal the launcher forwarded or None)."""
     ports, on, where = _placed(num_workers, hosts)
     tasks = [(f"worker {i}", cfg, on[i]) for i, cfg in enumerate(worker_tf_configs(ports))]
     status, i, failed_code = 0, None, None
@@ -390,7 +421,7 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                 status = 124
                 break
             time.sleep(0.1)
-    return status, (i, failed_code), group.signalled
+    return status, (i, failed_code, None if i is None else on[i]), group.signalled
 
 
 PS_GRACE_S = 30.0  # after a ps dies, time the chief gets to report it before being stopped
@@ -569,13 +600,10 @@ def _dispatch(parser, args, command, hosts) -> int:
         parser.error("no COMMAND given after '--'. Example: python -m tfdist.launch -n 2 -- "
                      "python -m tfdist.train digits_mlp --strategy multi_worker")
     if args.min_workers is not None:
-        if hosts is not None:
-            parser.error("--min-workers is not supported with --hosts yet (the survivors' "
-                         "placement on hosts). Received: --min-workers "
-                         f"{args.min_workers} with --hosts {args.hosts}.")
         if not 1 <= args.min_workers <= args.num_workers:
-            parser.error(f"--min-workers must be in [1, -n]. Received: --min-workers "
-                         f"{args.min_workers} with -n {args.num_workers}.")
+            given = f"--hosts {args.hosts}" if hosts is not None else f"-n {args.num_workers}"
+            parser.error(f"--min-workers must be in [1, the number of workers]. Received: "
+                         f"--min-workers {args.min_workers} with {given}.")
         if args.min_workers < args.num_workers and not any(
                 a == "--model-dir" or a.startswith("--model-dir=") for a in command):
             # tfdist.train's default dir is one per launch shape (runs/RECIPE/STRATEGY-Nw).

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from tfdist.errors import ClusterError, ConfigError
 
@@ -115,6 +116,21 @@ def place(num_tasks: int, hosts: list[tuple[str, int]]) -> list[str]:
     return slots[:num_tasks]
 
 
+def without(hosts: list[tuple[str, int]], gone: set[str] | frozenset = frozenset(),
+            one_slot_of: str | None = None) -> list[tuple[str, int]]:
+    """Pure: `hosts` less the hosts in `gone` and less one slot of `one_slot_of`.
+
+    A host left with no slot is left out: [('h0', 1), ('h1', 1)] without one
+    slot of 'h1' is [('h0', 1)].
+    """
+    out = []
+    for h, n in hosts:
+        n = 0 if h in gone else n - (h == one_slot_of)
+        if n > 0:
+            out.append((h, n))
+    return out
+
+
 def forwarded_env(env: dict, extra: tuple[str, ...] = ()) -> dict:
     """Pure: the part of `env` a remote worker gets (FORWARDED_ENV, TFDIST_*, `extra`)."""
     return {k: v for k, v in env.items()
@@ -184,6 +200,30 @@ def probe_ports(host: str, address: str, n: int, ssh_config: str | None, python:
             "python -m tfdist.hosts up N and --ssh-config from `python -m tfdist.hosts "
             "ssh-config`).")
     return [int(p) for p in ports]
+
+
+def unreachable(hosts: list[str], ssh_config: str | None,
+                timeout_s: float = 15.0) -> dict[str, str]:
+    """The hosts among `hosts` that do not answer `ssh HOST true` in `timeout_s`, asked
+    in parallel: {host: why} (a pulled cable, a host that is down, sshd gone).
+
+    A host that answers is left out, whatever its workers did.
+    """
+    procs = {h: subprocess.Popen([*ssh_base(ssh_config), h, "true"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for h in hosts}
+    deadline, out = time.monotonic() + timeout_s, {}
+    for h, p in procs.items():
+        try:
+            _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            out[h] = f"no answer over ssh in {timeout_s:g}s"
+            continue
+        if p.returncode != 0:
+            out[h] = f"ssh exited {p.returncode}: {err.strip()[-200:]}"
+    return out
 
 
 class RemoteProcess(subprocess.Popen):

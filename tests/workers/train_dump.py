@@ -13,6 +13,8 @@ Fault options (real faults, for the fault-tolerance tests):
                              process, once: PATH records that it happened.
     --fail-start-worker I    once PATH exists, worker I exits 1 at start: a worker
                              that cannot come back (its host is gone).
+    --say-first-step 1       print "FIRST STEP done" after this process's first step,
+                             so a test can time a recovery to the training again.
 """
 
 import os
@@ -24,7 +26,7 @@ import time
 import numpy as np
 
 FAULT_FLAGS = {"--step-delay-ms": float, "--kill-worker": int, "--kill-at-step": int,
-               "--marker": str, "--fail-start-worker": int}
+               "--marker": str, "--fail-start-worker": int, "--say-first-step": int}
 
 
 def _fault_callback(opts, worker_index):
@@ -35,6 +37,8 @@ def _fault_callback(opts, worker_index):
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
+            if self.steps == 1 and opts.get("--say-first-step"):
+                print(f"FIRST STEP done by worker {worker_index}", flush=True)
             if opts.get("--step-delay-ms"):
                 time.sleep(opts["--step-delay-ms"] / 1000)
             marker = opts.get("--marker")
