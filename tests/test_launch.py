@@ -189,3 +189,29 @@ def test_hosts_flags_are_checked_before_any_ssh():
                       (["-n", "2", "--ssh-config", "/x"], "--ssh-config and -x go with --hosts")):
         proc = run_py(["-m", "tfdist.launch", *args, "--", "true"], timeout=60)
         assert proc.returncode == 2 and msg in proc.stderr, (args, proc.stderr)
+
+
+def test_after_a_failure_a_worker_that_ignores_sigterm_is_killed_without_the_full_grace():
+    # Worker 0 ignores SIGTERM, as one stuck in a collective or in TensorFlow's start-up
+    # does; worker 1 fails. The survivor cannot save without its peer, so the launcher
+    # waits FAILED_GRACE_S (3 s), not GRACE_S (10 s), before killing it.
+    import subprocess
+    import time
+
+    from tests.conftest import REPO, clean_env
+
+    code = ("import os, json, signal, sys, time; i = json.loads(os.environ['TF_CONFIG'])"
+            "['task']['index']; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', i, flush=True); time.sleep(1) if i else time.sleep(60); sys.exit(7)")
+    p = subprocess.Popen([sys.executable, "-m", "tfdist.launch", "-n", "2", "--", sys.executable,
+                          "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(), cwd=REPO)
+    failed_at, err = None, []
+    for line in p.stderr:
+        err.append(line)
+        if "worker 1 failed (exit code 7)" in line:
+            failed_at = time.monotonic()
+    p.wait(timeout=60)
+    stopped_s = time.monotonic() - failed_at
+    assert p.returncode == 1 and failed_at is not None, "".join(err)
+    assert launch.FAILED_GRACE_S <= stopped_s < launch.GRACE_S - 1, stopped_s

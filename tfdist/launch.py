@@ -57,6 +57,11 @@ from tfdist.errors import ClusterError, ConfigError
 
 HOST = "127.0.0.1"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
+# The same after a worker failed: the others cannot save (a save needs every
+# worker to agree on a step), so SIGTERM only gives them time to exit on their
+# own and say which peer they lost; one stuck in a collective or in TensorFlow's
+# start-up (whose SIGTERM handler only logs) would hold the relaunch GRACE_S.
+FAILED_GRACE_S = 3.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # Loaded before any fork: the child only calls it.
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -170,13 +175,13 @@ def _pump(stream, prefix: str, out, log=None, lock=None) -> None:
     stream.close()
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
     # RemoteProcess forwards both through its ssh session; a host that cannot be
     # reached has its worker stopped by that session's end instead.
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -203,6 +208,7 @@ class _TaskGroup:
         self.procs, self._pumps, self._logs = [], [], []
         self.signalled: int | None = None  # SIGINT/SIGTERM received and forwarded
         self.signalled_at, self.forced = 0.0, False
+        self.grace_s = GRACE_S  # FAILED_GRACE_S once a worker has failed
         launcher_pid = os.getpid()
         for label, cfg, *on in tasks:
             log = lock = None
@@ -239,7 +245,7 @@ class _TaskGroup:
         return self
 
     def __exit__(self, *exc):
-        _stop(self.procs)
+        _stop(self.procs, self.grace_s)
         for t in self._pumps:
             t.join(timeout=5)
         for log in self._logs:
@@ -400,6 +406,7 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                     message = (f"tfdist.launch: {signal.Signals(group.signalled).name}: "
                                f"{outcomes}.")
                 else:
+                    group.grace_s = FAILED_GRACE_S
                     outcome = (f"failed ({_describe(failed_code, on[i])})"
                                if on[i] and failed_code == remote.SSH_FAILED
                                else describe_outcome(failed_code))
@@ -409,7 +416,7 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                          exit_codes.PREEMPTED, exit_codes.INTERRUPTED)
                 status = failed_code if failed_code in known else 1
                 # Said now, not after the others are stopped: stopping an unreachable
-                # host's worker takes GRACE_S.
+                # host's worker takes FAILED_GRACE_S.
                 print(message, file=sys.stderr, flush=True)
                 break
             if all(c == 0 for c in codes):
