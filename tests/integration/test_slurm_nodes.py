@@ -8,7 +8,8 @@ tests use (its own config, state dir, ports and hosts; see `nodes_env`), and
 removes it after, so the rest of the suite never sees it.
 
 Whatever the batch script, the final weights must equal one single-replica
-process's. Without Slurm or namespaces the tests skip, saying why, except under
+process's, also when a `--nodes=1-2` job loses a node and is requeued onto the
+one left. Without Slurm or namespaces the tests skip, saying why, except under
 CI (CI set), where they fail.
 """
 
@@ -20,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -145,4 +147,42 @@ def test_horovod_job_spans_two_nodes_and_equals_one_replica(nodes_env, baseline,
     assert job_fields(job, nodes_env)["ExitCode"] == "0:0", log[-4000:]
     assert "num_replicas=2 workers=2 source=horovod" in log, log[-4000:]
     assert job_fields(job, nodes_env)["NodeList"] == "h[0-1]"
+    assert_same_weights(model_dir, baseline)
+
+
+def test_nodes_min_max_job_losing_a_node_is_requeued_onto_the_other_and_resumes(
+        nodes_env, baseline, tmp_path):
+    # `--nodes=1-2`: Slurm gives the job both nodes while it can, and a requeued job
+    # whatever is left of that range. slow_digits (digits_mlp slowed per example) lets
+    # the node go down mid-run. The script's 2 tasks (workers) run wherever the nodes are.
+    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
+    recipe = os.path.join(WORKERS, "slow_digits.py")
+    job, proc = sbatch("multi_worker.sbatch", out, recipe, *ARGS, "--model-dir", model_dir,
+                       "--save-every-steps", "4", "--example-delay-ms", "5",
+                       opts=["--nodes=1-2"], env=nodes_env)
+    assert proc.returncode == 0 and job, tail(proc)
+    backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 240
+    while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
+        info = job_fields(job, nodes_env)
+        assert time.monotonic() < deadline, f"no backup; job {info.get('JobState')}"
+        time.sleep(0.1)
+    assert job_fields(job, nodes_env)["NodeList"] == "h[0-1]"
+    try:
+        # DOWN kills the job's tasks there and requeues it (--requeue); DRAIN keeps the
+        # node out until the end of the test (a DOWN node may return when its slurmd answers).
+        for state in ("down", "drain"):
+            subprocess.run(["scontrol", "update", "nodename=h1", f"state={state}",
+                            "reason=tfdist elastic test"], check=True, env=nodes_env)
+        wait_all([job], nodes_env, timeout=400)
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=h1", "state=resume"], env=nodes_env)
+    info, log = job_fields(job, nodes_env), open(out.replace("%j", job)).read()
+    assert (info["JobState"], info["ExitCode"], info["NodeList"]) == (
+        "COMPLETED", "0:0", "h0"), log[-4000:]
+    assert int(info["Restarts"]) >= 1, info
+    assert f"tfdist-slurm: job {job} run 1 on h[0-1]," in log, log[-4000:]
+    assert re.search(rf"tfdist-slurm: job {job} run \d on h0, 2 task\(s\)", log), log[-4000:]
+    step = int(re.findall(r"resumed from \S+: epoch \d, step \d+ of 22 \(global step (\d+)\)",
+                          log)[-1])
+    assert 0 < step < 44, log[-4000:]
     assert_same_weights(model_dir, baseline)
