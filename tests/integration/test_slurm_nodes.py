@@ -162,7 +162,8 @@ def test_nodes_min_max_job_losing_a_node_is_requeued_onto_the_other_and_resumes(
                        opts=["--nodes=1-2"], env=nodes_env)
     assert proc.returncode == 0 and job, tail(proc)
     backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 240
-    while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
+    while not (os.path.isdir(backup_dir)
+               and any(f.startswith("ckpt-") for f in os.listdir(backup_dir))):
         info = job_fields(job, nodes_env)
         assert time.monotonic() < deadline, f"no backup; job {info.get('JobState')}"
         time.sleep(0.1)
