@@ -148,7 +148,7 @@ def test_graph_sees_module_level_imports_only():
     assert "tfdist.ps" in graph["tfdist.trainer"]
     assert "tfdist.run_types" in graph["tfdist.ps.coordinator"]
     assert "tfdist.run_types" in graph["tfdist.trainer"]
-    # Function-level imports are not edges (ps.run imports the coordinator when it runs).
+    # Function-level imports are not edges (CoordinatorLoop.run imports the coordinator when it runs).
     assert "tfdist.ps.coordinator" not in graph["tfdist.ps"]
     assert len(graph) > 50
 
@@ -222,7 +222,8 @@ def test_the_old_circle_is_gone_even_counting_function_level_imports():
 
 
 @pytest.mark.parametrize("module", ["tfdist.trainer", "tfdist.ps", "tfdist.ps.coordinator",
-                                    "tfdist.run_types", "tfdist.train"])
+                                    "tfdist.run_types", "tfdist.loop", "tfdist.strategies",
+                                    "tfdist.config", "tfdist.train"])
 def test_module_imports_first_in_a_fresh_interpreter(module):
     code = (f"import {module}, sys; "
             "assert 'tensorflow' not in sys.modules, 'imported TensorFlow'; "

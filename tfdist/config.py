@@ -24,7 +24,7 @@ from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
 from tfdist.schedules import DECAYS
 from tfdist.compression import NAMES as COMPRESSIONS
-from tfdist.strategies import accepting, valid_names
+from tfdist.strategies import accepting, refusal, refused_by, valid_names
 from tfdist.strategies.multi_worker import IMPLEMENTATIONS
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "ftrl",
@@ -119,6 +119,7 @@ OPTIONS: dict[str, Option] = {
 for _name, _option in OPTIONS.items():
     _option.name = _name
     _option.strategies = accepting(_name)
+    _option.refused_by = refused_by(_name)
 
 # The defaults as a plain dict, for code that reads them.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {name: o.default for name, o in OPTIONS.items()}
@@ -282,6 +283,11 @@ def check_strategy(cfg: Mapping[str, Any], strategy: str, possible: set[str]) ->
             continue
         runs = " or ".join(sorted(possible))
         resolved = f" (auto resolves to {runs} here)" if strategy == "auto" else ""
+        why = refusal(key, sorted(possible))
+        if why:  # a general option the strategy cannot honour: say why, not who can
+            raise ConfigError(f"{flag(key)} does not apply to --strategy {strategy}{resolved}: "
+                              f"{why}. Received: {flag(key)} {cfg[key]!r}. Drop it, or use "
+                              "another strategy.")
         only = ", ".join(applies)
         raise ConfigError(f"{flag(key)} applies only to --strategy {only}; this run uses "
                           f"--strategy {strategy}{resolved}. Received: {flag(key)} "

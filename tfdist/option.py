@@ -51,6 +51,7 @@ class Option:
     lt: float | None = None
     strategies: tuple[str, ...] | None = None
     note: str = ""
+    refused_by: tuple[str, ...] = ()  # strategies that cannot honour it (for --help)
     name: str = ""  # set by the table that holds the declaration
 
     @property
@@ -127,7 +128,9 @@ class Option:
         for bound, word in ((self.ge, ">="), (self.gt, ">"), (self.le, "<="), (self.lt, "<")):
             if bound is not None:
                 parts.append(f"{word} {_num(bound)}")
-        if self.strategies is not None:
+        if self.refused_by:
+            parts.append("not --strategy " + "|".join(self.refused_by))
+        elif self.strategies is not None:
             parts.append("--strategy " + "|".join(self.strategies) + " only")
         return "; ".join(parts)
 

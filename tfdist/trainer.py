@@ -17,16 +17,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import sys
 import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import config, data, optim, straggler, strategies
 from tfdist import model_dir as model_dir_lib
+from tfdist import loop as loop_lib
 from tfdist import ps, run_dir
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
-from tfdist.compat.tf_startup_logs import import_tensorflow
+from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, TrainState
 from tfdist.errors import ConfigError, PeerLostError
 # The run types live apart so the parameter-server loop need not import this module.
 from tfdist.run_types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
@@ -138,9 +137,7 @@ def _counter():
     return Counter()
 
 
-def _log(cluster, message: str) -> None:
-    if cluster.is_chief:
-        print(f"tfdist: {message}", flush=True)
+_log = loop_lib.log
 
 
 def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
@@ -188,9 +185,9 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         found = run_dir.Found()
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
-        if choice.loop == "coordinator":  # asynchronous training has its own loop
-            return ps.run(recipe, cfg, cluster)
-        return _train(recipe, cfg, cluster, callbacks, model_dir, choice, found)
+        run = loop_lib.Run(recipe, cfg, cluster, model_dir, choice, list(callbacks or []),
+                           found)
+        return LOOPS[choice.loop].run(run)
 
 
 def check_batch_change(found, cfg: dict) -> None:
@@ -249,26 +246,31 @@ def _set_learning_rate(optimizer, lr: float) -> None:
         variable.assign(lr)
 
 
+class FitLoop(loop_lib.Loop):
+    """Keras `fit` on every training process (synchronous strategies)."""
+
+    kind = "fit"
+
+    def run(self, run: loop_lib.Run) -> Result:
+        return _train(run.recipe, run.cfg, run.cluster, run.callbacks, run.model_dir, run.choice,
+                      run.found)
+
+
+# The loop each adapter's `loop` kind names.
+LOOPS: dict[str, loop_lib.Loop] = {loop.kind: loop for loop in (FitLoop(), ps.CoordinatorLoop())}
+
+
 def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
-    console = cluster_lib.detect_console()
-    import_tensorflow(show_logs=cfg["tf_logs"] or console.tf_logs)
-    import keras
+    console = loop_lib.start_tensorflow(cfg)
     import tensorflow as tf
 
     from tfdist import callbacks as cb
     from tfdist import compat
     from tfdist.preemption import PreemptionWatcher, default_check_steps
-    from tfdist.strategies.devices import configure_runtime, gpu_count
+    from tfdist.strategies.devices import gpu_count
 
-    cpu_devices = cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0 else None
-    configure_runtime(cpu_devices=cpu_devices, intra_op_threads=cfg["threads"] or None,
-                      inter_op_threads=cfg["inter_op_threads"] or None)
-    if cfg["deterministic"]:
-        tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(cfg["seed"])
-    # float16 compute needs loss scaling: Keras's compile wraps the optimizer in
-    # a LossScaleOptimizer for "mixed_float16"; bfloat16 has float32's range.
-    keras.mixed_precision.set_global_policy(cfg["precision"])
+    loop_lib.set_up(cfg, cpu_devices=cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0
+                    else None)
 
     options = strategies.StrategyOptions(
         devices=cfg["devices"] or None, collective=cfg["collective"],
@@ -292,11 +294,11 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
                                   cfg["base_batch_size"] or effective, cfg["lr_scaling"])
     # A resumed run goes on at its backup's rate (rescaled if the batch changed).
     lr, rescaled = run_dir.resume_learning_rate(found, cfg, lr) if cfg["resume"] else (lr, None)
-    _log(cluster, f"recipe={recipe.RECIPE_NAME} strategy={name} num_replicas={replicas} "
-                  f"workers={cluster.num_workers} source={cluster.source} "
-                  f"global_batch_size={gbs} per_replica_batch_size={per_replica} "
-                  f"learning_rate={lr:g} accumulate={cfg['accumulate']} "
-                  f"precision={cfg['precision']} model_dir={model_dir}")
+    _log(cluster, loop_lib.run_line({
+        "recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
+        "workers": cluster.num_workers, "source": cluster.source, "global_batch_size": gbs,
+        "per_replica_batch_size": per_replica, "learning_rate": lr,
+        "accumulate": cfg["accumulate"], "precision": cfg["precision"], "model_dir": model_dir}))
 
     def train_dataset(skip_batches=0, repeat=True, batch=gbs):
         return data.prepare(recipe_lib.build_dataset(recipe, cfg, "train"), batch,
@@ -413,7 +415,6 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
                         f"{state.global_step}; backup {path}. "
                         "Rerun the same command to continue.", path)
 
-    evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
     metrics = {
         "recipe": recipe.RECIPE_NAME,
         "strategy": name,
@@ -433,14 +434,8 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
         "global_step": state.global_step,
         "resumed_from": resumed_from,
         "history": state.history,
-        "test": {k: float(v) for k, v in evaluation.items()},
         "wall_time_s": wall,
         "examples_per_s": counter.steps * gbs / wall if wall > 0 else 0.0,
     }
-    writer = ChiefWriter(model_dir, cluster.is_chief)
-    writer.save_model(model)
-    path = writer.write_json("metrics.json", metrics)
-    if path:
-        _log(cluster, f"test {evaluation}; wrote {writer.path('model.keras')} and {path}")
-    sys.stdout.flush()
+    metrics = loop_lib.finish(model, test_ds, metrics, model_dir, cluster)
     return Result(model=model, metrics=metrics, strategy=strategy, cluster=cluster)

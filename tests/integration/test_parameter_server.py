@@ -71,7 +71,13 @@ def test_async_loss_comparable_to_sync(runs):
 
 def test_only_the_chief_writes_and_the_model_loads(runs):
     metrics, model_dir, proc = runs["async"]
-    assert sorted(os.listdir(model_dir)) == [".tfdist.lock", "backup", "metrics.json", "model.keras"]
+    assert sorted(os.listdir(model_dir)) == [".tfdist.lock", "backup", "history.csv",
+                                             "metrics.json", "model.keras"]
+    # --csv-log (on by default) as under the fit loop: one row per epoch, the loss history.
+    with open(os.path.join(model_dir, "history.csv"), encoding="utf-8") as f:
+        rows = [line.split(",") for line in f.read().splitlines()]
+    assert rows[0] == ["epoch", "loss"] and [int(r[0]) for r in rows[1:]] == list(range(EPOCHS))
+    assert [float(r[1]) for r in rows[1:]] == pytest.approx(metrics["history"]["loss"])
     backups = sorted(os.listdir(os.path.join(model_dir, "backup")))
     assert backups == [f"ckpt-{(e + 1) * STEPS_PER_EPOCH:010d}.npz" for e in range(1, EPOCHS)]
     assert proc.stdout.count("wrote ") == 1 and "[chief] tfdist: test " in proc.stdout

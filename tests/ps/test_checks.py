@@ -69,3 +69,40 @@ def test_partitioning_keras_variables_is_refused_with_the_reason():
     ps.check_partitioning(1)
     with pytest.raises(ConfigError, match="--ps-shards 2: .*has no 'handle'.*keras-team/keras#18624"):
         ps.check_partitioning(2)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--accumulate", "2"], "--accumulate does not apply to --strategy parameter_server: each "
+     "worker applies its own gradients"),
+    (["--deterministic"], "--deterministic does not apply to --strategy parameter_server: "
+     "asynchronous steps run in whatever order"),
+    (["--inter-op-threads", "1"], "--inter-op-threads does not apply to --strategy "
+     "parameter_server: a worker's remote step holds an inter-op thread"),
+])
+def test_options_the_coordinator_cannot_honour_are_refused_before_tensorflow(argv, message):
+    from tfdist import config, trainer
+
+    cfg = config.merge({}, ["--strategy", "parameter_server", *argv], "recipe r")
+    with pytest.raises(ConfigError) as e:
+        config.check_strategy(cfg, "parameter_server", {"parameter_server"})
+    assert message in str(e.value)
+    # Under auto on a PS cluster too, and not under a synchronous strategy.
+    auto = config.merge({}, argv, "recipe r")
+    with pytest.raises(ConfigError, match="auto resolves to parameter_server here"):
+        config.check_strategy(auto, "auto", strategies.possible_names("auto", _info(PS_CLUSTER),
+                                                                      None))
+    config.check_strategy(auto, "auto", {"single"})
+    # A recipe's default is refused as well (by the adapter's check), saying what runs.
+    key = argv[0][2:].replace("-", "_")
+    value = cfg[key]
+    recipe = config.merge({key: value}, ["--strategy", "parameter_server"], "recipe r")
+    with pytest.raises(ConfigError, match="the run needs"):
+        trainer.check_before_tensorflow(recipe, _info(PS_CLUSTER))
+
+
+def test_help_says_which_strategy_cannot_honour_an_option():
+    from tfdist import config
+
+    assert "not --strategy parameter_server" in config.OPTIONS["accumulate"].describe()
+    assert "--strategy mirrored|model_parallel|pipeline only" in (
+        config.OPTIONS["devices"].describe())

@@ -12,6 +12,7 @@ its own role:
 
 from __future__ import annotations
 
+from tfdist import loop
 from tfdist.errors import ClusterError, ConfigError
 from tfdist.ps.net import reachable  # noqa: F401  (tfdist.ps.reachable)
 
@@ -58,33 +59,37 @@ def check_partitioning(ps_shards: int) -> None:
             "still partitions plain tf.Variables for custom TensorFlow code.")
 
 
-def run(recipe, cfg: dict, cluster):
-    """Runs this process's part of a parameter-server job.
+class CoordinatorLoop(loop.Loop):
+    """The parameter-server loop: the chief coordinates, workers and ps tasks serve.
 
-    Returns:
-        A `tfdist.run_types.Result`; on workers and ps tasks its model is None
-        (they return only when their chief has gone).
+    The run pipeline has checked the cluster and the options
+    (`tfdist.strategies.parameter_server.ParameterServer.check_config`).
     """
-    from tfdist import straggler
 
-    from tfdist import recipe as recipe_lib
+    kind = "coordinator"
 
-    check_cluster(cluster)
-    recipe_lib.check_hooks_for_own_loop(recipe, "parameter_server")
-    check_partitioning(cfg["ps_shards"])
-    num_workers = len(cluster.tf_config["cluster"]["worker"])
-    straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
-    from tfdist.cluster import detect_console
-    from tfdist.compat.tf_startup_logs import import_tensorflow
+    def run(self, run: loop.Run):
+        """Runs this process's part of a parameter-server job.
 
-    import_tensorflow(show_logs=cfg["tf_logs"] or detect_console().tf_logs)
-    if cluster.task_type in ("worker", "ps"):
-        from tfdist.ps import server
+        Returns:
+            A `tfdist.run_types.Result`; on workers and ps tasks its model is None
+            (they return only when their chief has gone).
+        """
+        from tfdist import recipe as recipe_lib
+        from tfdist import straggler
 
-        return server.serve(cluster, cfg)
-    if cluster.task_type != "chief":
-        raise ClusterError(f"task type {cluster.task_type!r} has no role in parameter-server "
-                           "training; valid: chief, worker, ps.")
-    from tfdist.ps import coordinator
+        cfg, cluster = run.cfg, run.cluster
+        recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
+        num_workers = len(cluster.tf_config["cluster"]["worker"])
+        straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
+        loop.start_tensorflow(cfg)
+        if cluster.task_type in ("worker", "ps"):
+            from tfdist.ps import server
 
-    return coordinator.train(recipe, cfg, cluster)
+            return server.serve(cluster, cfg)
+        if cluster.task_type != "chief":
+            raise ClusterError(f"task type {cluster.task_type!r} has no role in "
+                               "parameter-server training; valid: chief, worker, ps.")
+        from tfdist.ps import coordinator
+
+        return coordinator.train(run.recipe, cfg, cluster, run.model_dir)

@@ -25,9 +25,9 @@ import os
 import re
 import time
 
-from tfdist import callbacks, data, run_dir, strategies
+from tfdist import callbacks, data, loop, run_dir, strategies
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.checkpoint import BackupStore, TrainState
 from tfdist.compat import grpc_keepalive
 from tfdist.errors import ClusterError
 from tfdist.ps.net import reachable
@@ -35,7 +35,7 @@ from tfdist.run_types import Result, check_free_space, model_dir_for
 
 
 def _log(message: str) -> None:
-    print(f"tfdist: {message}", flush=True)
+    print(f"tfdist: {message}", flush=True)  # the coordinator is the chief
 
 
 def _lost_ps_error(error, spec) -> ClusterError:
@@ -53,13 +53,14 @@ def _is_ps_error(error) -> bool:
     return "/job:ps" in str(error) or type(error).__name__ == "PSUnavailableError"
 
 
-def train(recipe, cfg: dict, cluster):
+def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
     """Trains `recipe` asynchronously from the chief of a PS cluster.
 
     Args:
         recipe: A loaded recipe (build_model, build_dataset, compile_kwargs).
         cfg: The merged configuration.
         cluster: ClusterInfo of the chief.
+        model_dir: Where the chief writes (default: `model_dir_for(cfg, ...)`).
 
     Returns:
         A `tfdist.run_types.Result`; the chief also writes MODEL_DIR/model.keras
@@ -68,16 +69,11 @@ def train(recipe, cfg: dict, cluster):
     Raises:
         ClusterError: when a parameter server is lost.
     """
-    import keras
     import tensorflow as tf
 
     from tfdist import straggler
-    from tfdist.strategies.devices import configure_runtime
 
-    configure_runtime(cpu_devices=None, intra_op_threads=cfg["threads"] or None)
-    keras.utils.set_random_seed(cfg["seed"])
-    # As in the synchronous trainer; float16 losses are scaled in `step` below.
-    keras.mixed_precision.set_global_policy(cfg["precision"])
+    loop.set_up(cfg)  # as the fit loop; float16 losses are scaled in `step` below
     spec = cluster.tf_config["cluster"]
     workers = spec["worker"]
     # Before the strategy opens channels to the tasks: a worker whose host
@@ -95,10 +91,11 @@ def train(recipe, cfg: dict, cluster):
     train_unbatched = data.as_source(train_source).dataset
     num_examples = data.count_elements(train_unbatched)
     steps_per_epoch = cfg["steps_per_epoch"] or max(1, num_examples // gbs)
-    _log(f"recipe={recipe.RECIPE_NAME} strategy=parameter_server workers={len(workers)} "
-         f"ps={len(spec['ps'])} batch_per_step={gbs} steps_per_epoch={steps_per_epoch} "
-         f"learning_rate={lr:g} precision={cfg['precision']} ps_shards={cfg['ps_shards']} "
-         f"straggler={cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}")
+    _log(loop.run_line({
+        "recipe": recipe.RECIPE_NAME, "strategy": "parameter_server", "workers": len(workers),
+        "ps": len(spec["ps"]), "batch_per_step": gbs, "steps_per_epoch": steps_per_epoch,
+        "learning_rate": lr, "precision": cfg["precision"], "ps_shards": cfg["ps_shards"],
+        "straggler": f"{cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}"}))
 
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
@@ -113,7 +110,7 @@ def train(recipe, cfg: dict, cluster):
 
     shuffle_buffer, seed, num_workers = cfg["shuffle_buffer"], cfg["seed"], len(workers)
 
-    model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
+    model_dir = model_dir or model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     check_free_space(model_dir, cluster, model, optimizer)
     store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs,
@@ -172,6 +169,9 @@ def train(recipe, cfg: dict, cluster):
     if tensorboard is not None:
         tensorboard.set_model(model)
         tensorboard.on_train_begin()
+    # The same chief-only history.csv the fit loop writes, rewritten each epoch.
+    csv_log = (callbacks.make_csv_logger(os.path.join(model_dir, "history.csv"),
+                                         cluster.is_chief, state) if cfg["csv_log"] else None)
     history = state.history
     steps_per_worker = [0] * num_workers
     lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
@@ -196,6 +196,8 @@ def train(recipe, cfg: dict, cluster):
             state.epoch, state.global_step = epoch + 1, state.global_step + steps_per_epoch
             if tensorboard is not None:
                 tensorboard.on_epoch_end(epoch, {"loss": history["loss"][-1]})
+            if csv_log is not None:
+                csv_log.on_epoch_end(epoch, {"loss": history["loss"][-1]})
             store.save(state, model.variables, optimizer.variables, meta)
     except (tf.errors.OpError, ClusterError) as e:
         if _is_ps_error(e):
@@ -212,7 +214,6 @@ def train(recipe, cfg: dict, cluster):
     local.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
     local.compile(**compile_kwargs)
     test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), gbs, training=False)
-    evaluation = local.evaluate(test_ds, verbose=0, return_dict=True)
     total_steps = sum(steps_per_worker)  # this run's steps (a resumed run did fewer)
     metrics = {
         "recipe": recipe.RECIPE_NAME,
@@ -231,15 +232,11 @@ def train(recipe, cfg: dict, cluster):
                          for i, e in sorted(lost.items())],
         "straggler": {"delay_ms": delay_ms, "worker": slow_worker},
         "history": history,
-        "test": {k: float(v) for k, v in evaluation.items()},
         "wall_time_s": wall,
         "examples_per_s": total_steps * gbs / wall if wall > 0 else 0.0,
     }
-    writer = ChiefWriter(model_dir, cluster.is_chief)
-    writer.save_model(local)
-    path = writer.write_json("metrics.json", metrics)
     if lost:
         _log(f"finished without lost worker(s) {sorted(lost)}: "
              + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(lost)))
-    _log(f"test {evaluation}; wrote {writer.path('model.keras')} and {path}")
+    metrics = loop.finish(local, test_ds, metrics, model_dir, cluster)
     return Result(model=local, metrics=metrics, strategy=strategy, cluster=cluster)

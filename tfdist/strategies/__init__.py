@@ -160,8 +160,10 @@ class Adapter:
         accepts: Strategy-specific options this adapter accepts (keys of
             `tfdist.config.OPTIONS`); an option some adapter lists applies
             only to the adapters that list it.
-        refuses: General options this adapter cannot honour, key -> why; they
-            apply to every other adapter.
+        refuses: General options this adapter cannot honour, key -> (the one
+            value it runs with, why); they apply to every other adapter, and
+            any other value (from the command line or a recipe) is refused
+            before TensorFlow starts.
         process_replicas: One replica per process that TensorFlow never sees
             (the cluster's workers are the replicas; `--warmup-epochs`).
         sync_workers: The cluster's workers share each global batch
@@ -174,7 +176,7 @@ class Adapter:
     name: ClassVar[str] = ""
     loop: ClassVar[str] = "fit"
     accepts: ClassVar[tuple[str, ...]] = ()
-    refuses: ClassVar[dict[str, str]] = {}
+    refuses: ClassVar[dict[str, tuple[object, str]]] = {}
     process_replicas: ClassVar[bool] = False
     sync_workers: ClassVar[bool] = False
     portable: ClassVar[bool] = False
@@ -195,6 +197,13 @@ class Adapter:
             ConfigError: for values this adapter cannot train with.
             ClusterError: for a cluster it cannot run on.
         """
+        from tfdist.option import flag
+
+        for key, (only, why) in cls.refuses.items():
+            if key in cfg and cfg[key] != only:
+                raise ConfigError(f"{flag(key)} does not apply to --strategy {cls.name}: {why}. "
+                                  f"Received: {flag(key)} {cfg[key]!r}. Drop it (the run needs "
+                                  f"{flag(key)} {only!r}), or use another strategy.")
         if cfg.get("warmup_epochs") and not cls.process_replicas:
             ramped = ", ".join(n for n, a in REGISTRY.items() if a.process_replicas)
             raise ConfigError(
@@ -256,6 +265,19 @@ def accepting(key: str) -> tuple[str, ...] | None:
         return listed
     if any(key in a.refuses for a in REGISTRY.values()):
         return tuple(n for n, a in REGISTRY.items() if key not in a.refuses)
+    return None
+
+
+def refused_by(key: str) -> tuple[str, ...]:
+    """The adapters that cannot honour option `key` (their `refuses`)."""
+    return tuple(n for n, a in REGISTRY.items() if key in a.refuses)
+
+
+def refusal(key: str, names) -> str | None:
+    """Why the first of the adapters `names` that refuses option `key` does, or None."""
+    for name in names:
+        if name in REGISTRY and key in REGISTRY[name].refuses:
+            return REGISTRY[name].refuses[key][1]
     return None
 
 
@@ -420,7 +442,7 @@ def build(name: str, cluster=None, options: StrategyOptions | None = None,
 __all__ = ["ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks", "ProcessReplicaHooks",
            "StrategyOptions", "accepting", "adapter_class", "build", "build_hooks",
            "build_strategy", "check_available", "check_name", "choose", "has_ps_tasks",
-           "possible_names", "register", "resolve_name", "valid_names"]
+           "possible_names", "refusal", "refused_by", "register", "resolve_name", "valid_names"]
 
 # Importing the adapters registers them (in this order, the order `valid_names` lists).
 from tfdist.strategies import (  # noqa: E402,F401  (after Adapter and Hooks exist)

@@ -56,6 +56,15 @@ class ParameterServer(Adapter):
     name = "parameter_server"
     loop = "coordinator"
     accepts = ("ps_shards", "min_shard_bytes")
+    refuses = {
+        "accumulate": (1, "each worker applies its own gradients to the ps as soon as they are "
+                          "computed (asynchronous SGD); there is no global step to accumulate "
+                          "over"),
+        "deterministic": (False, "asynchronous steps run in whatever order the workers finish, "
+                                 "so no run is repeatable"),
+        "inter_op_threads": (0, "a worker's remote step holds an inter-op thread while it waits "
+                                "for its input, so a small pool would deadlock it; use --threads"),
+    }
 
     @classmethod
     def check_config(cls, cfg, cluster):

@@ -1,0 +1,122 @@
+"""The run pipeline's loop interface and the steps every loop shares.
+
+A strategy adapter declares its loop kind (`Adapter.loop`); the run pipeline
+(`tfdist.trainer.train`) checks, inspects and claims the model dir, then
+hands a `Run` to the `Loop` of that kind: Keras `fit` on every training
+process (`tfdist.trainer.FitLoop`) or the parameter-server coordinator
+(`tfdist.ps.CoordinatorLoop`). Both start TensorFlow, set up the runtime, log
+their run line and finish through the same functions here, so every strategy
+gets the same threads, determinism, seed, precision, evaluation, metrics.json
+and chief-only model save. Imports neither loop (no import circle); no
+TensorFlow at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from tfdist.checkpoint import ChiefWriter
+
+
+@dataclasses.dataclass
+class Run:
+    """What a loop is given: the checked run, its model dir claimed.
+
+    Attributes:
+        recipe: The loaded recipe module.
+        cfg: The merged, checked configuration.
+        cluster: This process's ClusterInfo.
+        model_dir: The model dir (claimed by the chief).
+        choice: The `tfdist.strategies.Choice` of adapters `--strategy` may become.
+        callbacks: Extra Keras callbacks from the caller (`fit` loops).
+        found: What the model dir holds (`tfdist.run_dir.Found`).
+    """
+
+    recipe: object
+    cfg: dict
+    cluster: object
+    model_dir: str
+    choice: object
+    callbacks: list = dataclasses.field(default_factory=list)
+    found: object = None
+
+
+class Loop:
+    """One way to run the training steps; the run pipeline around it is shared."""
+
+    kind: str = ""
+
+    def run(self, run: Run):
+        """Trains and finishes; returns a `tfdist.run_types.Result`."""
+        raise NotImplementedError
+
+
+def log(cluster, message: str) -> None:
+    """'tfdist: message' on the chief."""
+    if cluster.is_chief:
+        print(f"tfdist: {message}", flush=True)
+
+
+def run_line(fields: dict) -> str:
+    """Pure function: 'key=value ...' for the line each run starts with."""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in fields.items())
+
+
+def start_tensorflow(cfg: dict):
+    """Imports TensorFlow quietly (unless --tf-logs); returns the Console."""
+    from tfdist import cluster as cluster_lib
+    from tfdist.compat.tf_startup_logs import import_tensorflow
+
+    console = cluster_lib.detect_console()
+    import_tensorflow(show_logs=cfg["tf_logs"] or console.tf_logs)
+    return console
+
+
+def set_up(cfg: dict, cpu_devices: int | None = None) -> None:
+    """Threads, logical CPU devices, determinism, seed and precision: before any op.
+
+    Args:
+        cfg: The configuration (threads, inter_op_threads, deterministic,
+            seed, precision).
+        cpu_devices: Split the CPU into this many logical devices (None: no split).
+    """
+    import keras
+    import tensorflow as tf
+
+    from tfdist.strategies.devices import configure_runtime
+
+    configure_runtime(cpu_devices=cpu_devices, intra_op_threads=cfg["threads"] or None,
+                      inter_op_threads=cfg["inter_op_threads"] or None)
+    if cfg["deterministic"]:
+        tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(cfg["seed"])
+    # float16 compute needs loss scaling: Keras's compile wraps the optimizer in
+    # a LossScaleOptimizer for "mixed_float16" (the coordinator scales its own
+    # loss); bfloat16 has float32's range.
+    keras.mixed_precision.set_global_policy(cfg["precision"])
+
+
+def finish(model, test_ds, metrics: dict, model_dir: str, cluster) -> dict:
+    """Evaluates, then the chief writes the model and metrics.json (atomically).
+
+    Args:
+        model: The trained model (compiled; evaluated on every process that calls this).
+        test_ds: The batched test dataset.
+        metrics: The loop's metrics; "test" is added.
+        model_dir: Where the chief writes.
+        cluster: This process's ClusterInfo.
+
+    Returns:
+        `metrics` with "test": the evaluation as floats.
+    """
+    evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
+    metrics = {**metrics, "test": {k: float(v) for k, v in evaluation.items()}}
+    writer = ChiefWriter(model_dir, cluster.is_chief)
+    writer.save_model(model)
+    path = writer.write_json("metrics.json", metrics)
+    if path:
+        log(cluster, f"test {evaluation}; wrote {writer.path('model.keras')} and {path}")
+    sys.stdout.flush()
+    return metrics
