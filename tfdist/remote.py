@@ -36,6 +36,7 @@ FORWARDED_PREFIXES = ("TFDIST_",)
 SSH_OPTIONS = ["-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3"]
 WATCHDOG_GRACE_S = 10.0
+CONNECT_TIMEOUT_S = 5  # for `unreachable`: the TCP connect and ssh banner of a live host
 SSH_FAILED = 255  # ssh's own status: could not connect, or the connection was lost
 
 # Runs on the remote host as `python -c WATCHDOG CMD...`. Exits with CMD's
@@ -209,7 +210,11 @@ def unreachable(hosts: list[str], ssh_config: str | None,
 
     A host that answers is left out, whatever its workers did.
     """
-    procs = {h: subprocess.Popen([*ssh_base(ssh_config), h, "true"], stdin=subprocess.DEVNULL,
+    # ConnectTimeout: a host whose cable is out never answers the TCP connect,
+    # and that is known in seconds; a slow but live host still has timeout_s.
+    connect = ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
+    procs = {h: subprocess.Popen([*ssh_base(ssh_config), *connect, h, "true"],
+                                 stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for h in hosts}
     deadline, out = time.monotonic() + timeout_s, {}
