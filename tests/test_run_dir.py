@@ -115,3 +115,17 @@ def test_a_rescaled_rate_is_kept_on_every_rerun_at_the_new_batch():
     # Backups from before the rate was recorded: computed from their options.
     conf = run_dir.run_config(_cfg(learning_rate=0.1, lr_scaling="linear", base_batch_size=32))
     assert run_dir.recorded_learning_rate({"config": conf}) == pytest.approx(0.2)
+
+
+def test_batch_change_mid_epoch_under_fixed_epoch_length_is_refused_before_tensorflow():
+    from tfdist.trainer import check_batch_change
+
+    found = run_dir.Found(backup="b/ckpt-6.npz", global_batch_size=64, step_in_epoch=6)
+    with pytest.raises(ConfigError, match=r"b/ckpt-6.npz was taken at step 6 of an epoch at "
+                                          r"global batch 64; with --steps-per-epoch 10 .* "
+                                          r"at global batch 96"):
+        check_batch_change(found, _cfg(global_batch_size=96, steps_per_epoch=10))
+    check_batch_change(found, _cfg(global_batch_size=96))  # epochs are passes: mapped
+    check_batch_change(found, _cfg(global_batch_size=64, steps_per_epoch=10))  # no change
+    at_epoch_end = run_dir.Found(backup="b", global_batch_size=64)
+    check_batch_change(at_epoch_end, _cfg(global_batch_size=96, steps_per_epoch=10))
