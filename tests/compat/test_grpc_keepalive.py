@@ -14,7 +14,8 @@ def test_keepalive_added_when_unset():
 
 
 def test_users_own_options_and_values_are_kept():
-    got = grpc_keepalive.with_keepalive("grpc.keepalive_time_ms=60000,grpc.max_reconnect_backoff_ms=500")
+    got = grpc_keepalive.with_keepalive(
+        "grpc.keepalive_time_ms=60000,grpc.max_reconnect_backoff_ms=500")
     assert got == ("grpc.keepalive_time_ms=60000,grpc.max_reconnect_backoff_ms=500,"
                    "grpc.keepalive_timeout_ms=5000")
 

@@ -134,7 +134,8 @@ def test_launcher_shrinks_to_the_hosts_left_when_a_link_stays_down(hosts, baseli
     backup, pulled = os.path.join(model_dir, "backup"), None
     try:
         deadline = time.monotonic() + 240
-        while not (os.path.isdir(backup) and any(f.startswith("ckpt-") for f in os.listdir(backup))):
+        while not (os.path.isdir(backup)
+                   and any(f.startswith("ckpt-") for f in os.listdir(backup))):
             assert p.poll() is None and time.monotonic() < deadline, p.text()[-4000:]
             time.sleep(0.05)
         hosts.link("h1", up=False)

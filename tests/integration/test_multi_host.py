@@ -123,7 +123,10 @@ def _start_and_wait_for_backup(argv, model_dir):
     p = _Launcher(argv)
     backup = os.path.join(model_dir, "backup")
     deadline = time.monotonic() + 240
-    while not (os.path.isdir(backup) and os.listdir(backup)):
+    # A checkpoint, not any file: the chief's start-up probe writes (and
+    # removes) one in backup/, and a fault then would hit the start-up.
+    while not (os.path.isdir(backup)
+               and any(f.startswith("ckpt-") for f in os.listdir(backup))):
         if p.poll() is not None or time.monotonic() > deadline:
             p.kill()
             out, err = p.communicate(timeout=60)
