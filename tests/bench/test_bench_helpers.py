@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import run_py, tail
-from tfdist.bench import allreduce, collectives, comm, runs, scaling, timing
+from tfdist.bench import allreduce, collectives, comm, overhead, runs, scaling, stats, timing
 
 
 def test_speedup_and_efficiency_are_relative_to_one_worker():
@@ -107,3 +107,33 @@ def test_hosts_prediction_is_measured_compute_plus_ring_at_link_rate():
     assert weak == pytest.approx([0.1, 1.1])
     strong = scaling.predicted_steps(0.1, [128, 64], [1, 2], 125e6, 0.125)
     assert strong == pytest.approx([0.1, 1.05])
+
+
+def test_t_interval_matches_the_textbook_and_refuses_one_value():
+    assert stats.t975(1) == 12.706 and stats.t975(30) == 2.042 and stats.t975(45) == 2.021
+    assert stats.t975(10_000) == 1.960
+    mean, lo, hi = stats.mean_ci95([1.0, 2.0, 3.0])  # sd 1, n 3: half-width 4.303 / sqrt(3)
+    assert mean == 2.0 and hi - mean == pytest.approx(4.303 / 3 ** 0.5) == mean - lo
+    with pytest.raises(ValueError, match="at least 2 values"):
+        stats.mean_ci95([1.0])
+    assert [stats.verdict(*ci, 0.98) for ci in ((0.981, 0.99), (0.9, 0.97), (0.97, 0.99))] == [
+        "met", "not met", "undecided"]
+
+
+def test_overhead_ratio_is_the_mean_of_paired_round_ratios():
+    s = overhead.summarize([99.0, 101.0, 100.0], [100.0, 100.0, 100.0])
+    assert s["ratios"] == pytest.approx([0.99, 1.01, 1.0]) and s["ratio"] == pytest.approx(1.0)
+    assert s["ci_width"] == pytest.approx(2 * 4.303 * 0.01 / 3 ** 0.5)
+    assert s["verdict"] == "undecided" and s["ratio_of_medians"] == pytest.approx(1.0)
+
+
+def test_overhead_engines_are_checked_before_anything_runs():
+    args = type("A", (), {"workers": 1, "engines": "shm", "venv": None})
+    with pytest.raises(SystemExit, match="-n 1 measures the engine single only"):
+        overhead.engines_for(args)
+    args.workers, args.engines = 2, "shm,mpi"
+    with pytest.raises(SystemExit, match="Received: 'shm,mpi'"):
+        overhead.engines_for(args)
+    args.engines = "shm,multi_worker"
+    assert overhead.engines_for(args) == ["shm", "multi_worker"]
+

@@ -5,6 +5,7 @@ arithmetic are asserted, never how fast anything ran.
 """
 
 import json
+import math
 import os
 
 import pytest
@@ -81,14 +82,22 @@ def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
     assert "fp16 compression: " in stdout
 
 
-def test_overhead(tmp_path):
+def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
                             "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
-                            "--rounds", "1", "--variants", "no_csv_log")
-    med = result["median_examples_per_s"]
-    assert set(med) == {"tfdist", "raw", "no_csv_log"} and all(v > 0 for v in med.values())
-    assert result["ratio"] == pytest.approx(med["tfdist"] / med["raw"])
-    assert "ratio tfdist/raw" in stdout
+                            "--rounds", "2", "--max-rounds", "2", timeout=900)
+    assert result["engines"] == ["single"]
+    r = result["results"]["single"]
+    xs = r["examples_per_s"]
+    assert r["rounds"] == 2 and len(xs["tfdist"]) == len(xs["raw"]) == 2
+    assert all(math.isfinite(v) and v > 0 for v in xs["tfdist"] + xs["raw"])
+    assert r["ratios"] == pytest.approx([t / w for t, w in zip(xs["tfdist"], xs["raw"])])
+    lo, hi = r["ci95"]
+    assert lo < r["ratio"] < hi and r["ratio"] == pytest.approx(sum(r["ratios"]) / 2)
+    assert r["ci_width"] == pytest.approx(hi - lo)
+    assert r["verdict"] in ("met", "not met", "undecided") and len(r["load_avg_1m"]) == 2
+    assert (result["ratio"], result["ci95"]) == (r["ratio"], r["ci95"])
+    assert "single: tfdist/raw = " in stdout and "95% CI [" in stdout
 
 
 def test_collectives_two_workers_match_numpy(tmp_path):

@@ -1,13 +1,22 @@
-"""`python -m tfdist.bench overhead`: tfdist's trainer vs the same job hand-written on raw Keras.
+"""`python -m tfdist.bench overhead`: tfdist's trainer vs the same engine driven by hand.
 
-The same recipe, global batch, optimizer and step count, run alternately
-(`--rounds` times each, interleaved so that load drifts hit both alike)
-through `tfdist.train`'s trainer (`tfdist.bench.train_worker`) and through
-`tfdist.bench.raw_keras`. Both time steps with the same callback and skip the
-same warm-up steps. ratio = median tfdist examples/s / median raw examples/s.
+For each engine (`--engines`: multi_worker, horovod, shm; `single` with
+`-n 1`) the same recipe, global batch, optimizer and step count run through
+`tfdist.train`'s trainer (`tfdist.bench.train_worker`) and through
+`tfdist.bench.raw_keras` (the engine's own API and Keras `fit`, no trainer).
+Both time steps with the same callback and skip the same warm-up steps.
+
+Rounds are interleaved: each round runs every engine's pair back to back,
+tfdist first in odd rounds and raw first in even ones, so that load drifts
+on shared cores hit both alike. Each round gives one paired ratio
+tfdist/raw; the reported ratio is their mean with a 95% t interval. After
+`--rounds` rounds, more are added for the engines whose interval is still
+wider than `--ci-width`, until `--max-rounds` or `--max-minutes`. The goal
+(ratio >= 0.98) is "met" when the whole interval lies above it, "not met"
+when below, else "undecided".
 
 `--variants` adds tfdist runs with per-step machinery switched off, to
-attribute any gap: `--preempt-check-steps` large (the per-step SIGTERM
+attribute any gap: `--preempt-check-steps` large (the periodic SIGTERM
 agreement, a one-scalar all-reduce across workers) and `--csv-log false`.
 """
 
@@ -16,11 +25,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 
-from tfdist.bench import runs
+from tfdist.bench import runs, stats
 
-DESCRIPTION = "throughput of tfdist.train vs hand-written tf.distribute + Keras (ratio = tfdist/raw)"
+DESCRIPTION = "throughput of tfdist.train vs the same engine driven by hand (ratio = tfdist/raw)"
 GOAL_RATIO = 0.98
+ENGINES = ("multi_worker", "horovod", "shm")
 # name -> extra tfdist.train flags; each isolates one per-step cost of the trainer.
 VARIANTS = {"no_preempt_agreement": ["--preempt-check-steps", "1000000"],
             "no_csv_log": ["--csv-log", "false"]}
@@ -30,85 +41,195 @@ def add_arguments(parser) -> None:
     """Flags of this benchmark."""
     parser.add_argument("--recipe", default="synthetic_cnn")
     parser.add_argument("-n", "--workers", type=int, default=2,
-                        help="1: one process (default strategy); >1: multi_worker via tfdist.launch")
+                        help="1: one process (engine single); >1: the --engines")
+    parser.add_argument("--engines", default="",
+                        help=f"comma-separated, from {list(ENGINES)} (default: all three with "
+                             "-n >= 2, horovod only when its venv exists; single with -n 1)")
     parser.add_argument("--global-batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds every engine runs (>= 2)")
+    parser.add_argument("--max-rounds", type=int, default=30,
+                        help="rounds at most, for an engine whose interval is still too wide")
+    parser.add_argument("--ci-width", type=float, default=0.02,
+                        help="stop adding rounds to an engine once its 95%% interval is narrower")
+    parser.add_argument("--max-minutes", type=float, default=90.0,
+                        help="start no new round after this long")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--variants", default="no_preempt_agreement",
+    parser.add_argument("--variants", default="",
                         help=f"comma-separated, from {sorted(VARIANTS)}; '' for none")
+    parser.add_argument("--controller", default="gloo", choices=("gloo", "mpi"),
+                        help="horovodrun controller for the horovod engine")
+    parser.add_argument("--venv", default=None, help="Horovod venv (default: as scaling)")
     parser.add_argument("--timeout", type=float, default=400.0)
 
 
-def _tfdist_cmd(args, model_dir: str, extra: list[str]) -> list[str]:
-    flags = [args.recipe, "--strategy", "multi_worker" if args.workers > 1 else "single",
+def engines_for(args) -> list[str]:
+    """The engines to measure, checked; exits with one line on a bad choice."""
+    if args.workers < 1:
+        raise SystemExit(f"error: --workers must be >= 1. Received: {args.workers}.")
+    if args.workers == 1:
+        if args.engines not in ("", "single"):
+            raise SystemExit(f"error: -n 1 measures the engine single only. Received: "
+                             f"--engines {args.engines}.")
+        return ["single"]
+    if not args.engines:
+        return [e for e in ENGINES if e != "horovod" or runs.horovod_venv(args.venv)]
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or not engines:
+        raise SystemExit(f"error: --engines takes {list(ENGINES)}. Received: {args.engines!r}.")
+    if "horovod" in engines and not runs.horovod_venv(args.venv):
+        raise SystemExit("error: --engines horovod needs the Horovod venv. "
+                         "HINT: run scripts/install_horovod.sh")
+    return engines
+
+
+def _launch(args, engine: str, module: str, flags: list[str]) -> list[str]:
+    if engine == "horovod":
+        return runs.horovod_command(runs.horovod_venv(args.venv), args.workers, args.controller,
+                                    module, flags)
+    return runs.launch_command(args.workers, module, flags, args.timeout)
+
+
+def _tfdist_cmd(args, engine: str, model_dir: str, extra: list[str]) -> list[str]:
+    flags = [args.recipe, "--strategy", engine,
              "--global-batch-size", str(args.global_batch_size), "--epochs", "1",
              "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
              "--verbose", "0", "--model-dir", model_dir, "--resume", "false", *extra]
-    return runs.launch_command(args.workers, "tfdist.bench.train_worker", flags, args.timeout)
+    return _launch(args, engine, "tfdist.bench.train_worker", flags)
 
 
-def _raw_cmd(args) -> list[str]:
+def _raw_cmd(args, engine: str) -> list[str]:
     spec = {"recipe": args.recipe, "global_batch_size": args.global_batch_size,
-            "steps": args.steps, "warmup": args.warmup, "threads": args.threads}
-    return runs.launch_command(args.workers, "tfdist.bench.raw_keras", [json.dumps(spec)],
-                               args.timeout)
+            "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+            "engine": engine}
+    return _launch(args, engine, "tfdist.bench.raw_keras", [json.dumps(spec)])
+
+
+def summarize(tfdist: list[float], raw: list[float], goal: float = GOAL_RATIO) -> dict:
+    """Pure function: per-round ratios, their mean, 95% interval and the verdict.
+
+    Args:
+        tfdist: examples/s of the tfdist runs, one per round.
+        raw: examples/s of the raw runs of the same rounds.
+        goal: The ratio to reach.
+    """
+    ratios = [t / r for t, r in zip(tfdist, raw)]
+    mean, low, high = stats.mean_ci95(ratios)
+    return {"ratios": ratios, "ratio": mean, "ci95": [low, high], "ci_width": high - low,
+            "ratio_of_medians": statistics.median(tfdist) / statistics.median(raw),
+            "verdict": stats.verdict(low, high, goal)}
 
 
 def run(args) -> dict:
-    """Alternates tfdist, raw and each variant for `rounds` rounds; returns the ratios."""
+    """Interleaved rounds of every engine's tfdist and raw runs; returns ratios with intervals."""
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: unknown variants {unknown}; valid: {sorted(VARIANTS)}")
+    if args.rounds < 2 or args.max_rounds < args.rounds:
+        raise SystemExit("error: an interval needs --rounds >= 2 and --max-rounds >= --rounds. "
+                         f"Received: --rounds {args.rounds} --max-rounds {args.max_rounds}.")
+    engines = engines_for(args)
     env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
     names = ["tfdist", "raw", *variants]
-    samples = {n: [] for n in names}
-    loads = []
-    for r in range(args.rounds):
-        for name in names:
-            model_dir = os.path.join(os.path.abspath(args.out), "runs", f"{name}_{r}")
-            cmd = (_raw_cmd(args) if name == "raw" else
-                   _tfdist_cmd(args, model_dir, VARIANTS.get(name, [])))
-            loads.append(runs.load_average())
-            samples[name].append(runs.run(cmd, args.timeout + 60, env,
-                                          what=f"overhead {name} round {r}")[0]["examples_per_s"])
-    median = {n: statistics.median(v) for n, v in samples.items()}
-    ratio = median["tfdist"] / median["raw"]
-    return {"recipe": args.recipe, "workers": args.workers,
+    per = {e: {"examples_per_s": {n: [] for n in names}, "load_avg_1m": []} for e in engines}
+    start = time.monotonic()
+    active, r = list(engines), 0
+    while active and r < args.max_rounds:
+        if r >= args.rounds and time.monotonic() - start > args.max_minutes * 60:
+            break
+        for engine in active:
+            # Alternate which runs first, so that a drift within a round favours neither.
+            order = names if r % 2 == 0 else names[::-1]
+            per[engine]["load_avg_1m"].append(runs.load_average())
+            for name in order:
+                model_dir = os.path.join(os.path.abspath(args.out), "runs",
+                                         f"{engine}_{name}_{r}")
+                cmd = (_raw_cmd(args, engine) if name == "raw" else
+                       _tfdist_cmd(args, engine, model_dir, VARIANTS.get(name, [])))
+                result = runs.run(cmd, args.timeout + 60, env,
+                                  what=f"overhead {engine} {name} round {r}")[0]
+                per[engine]["examples_per_s"][name].append(result["examples_per_s"])
+        r += 1
+        if r >= args.rounds:
+            active = [e for e in active if summarize(
+                per[e]["examples_per_s"]["tfdist"],
+                per[e]["examples_per_s"]["raw"])["ci_width"] >= args.ci_width]
+    results = {}
+    for engine in engines:
+        xs = per[engine]["examples_per_s"]
+        results[engine] = {
+            **summarize(xs["tfdist"], xs["raw"]), "rounds": len(xs["raw"]),
+            "examples_per_s": xs,
+            "median_examples_per_s": {n: statistics.median(v) for n, v in xs.items()},
+            "variant_ratios": {v: summarize(xs[v], xs["raw"])["ratio"] for v in variants},
+            "load_avg_1m": per[engine]["load_avg_1m"],
+            "resolved": summarize(xs["tfdist"], xs["raw"])["ci_width"] < args.ci_width}
+    head = results[engines[0]]
+    return {"recipe": args.recipe, "workers": args.workers, "engines": engines,
             "global_batch_size": args.global_batch_size, "steps": args.steps,
-            "warmup_steps": args.warmup, "rounds": args.rounds, "threads": args.threads,
-            "examples_per_s": samples, "median_examples_per_s": median,
-            "ratio": ratio, "goal_ratio": GOAL_RATIO, "goal_met": ratio >= GOAL_RATIO,
-            "variant_ratios": {v: median[v] / median["raw"] for v in variants},
-            "load_avg_1m": {"min": min(loads), "max": max(loads)},
-            "note": "steady-state examples/s (after warm-up), runs interleaved "
-                    + " / ".join(names)}
+            "warmup_steps": args.warmup, "min_rounds": args.rounds,
+            "max_rounds": args.max_rounds, "target_ci_width": args.ci_width,
+            "threads": args.threads, "results": results,
+            "ratio": head["ratio"], "ci95": head["ci95"], "goal_ratio": GOAL_RATIO,
+            "elapsed_s": time.monotonic() - start,
+            "load_avg_1m": {"min": min(min(v["load_avg_1m"]) for v in results.values()),
+                            "max": max(max(v["load_avg_1m"]) for v in results.values())},
+            "note": "ratio = mean over rounds of tfdist/raw examples/s (steady state, after the "
+                    "warm-up steps), 95% t interval; runs interleaved " + " / ".join(names)}
 
 
 def table(result: dict) -> str:
-    """One row per configuration, then the verdict."""
+    """One row per engine and configuration, then each engine's verdict."""
     from tfdist.bench.report import format_table
 
-    raw = result["median_examples_per_s"]["raw"]
-    rows = [[n, " ".join(f"{x:.1f}" for x in xs), result["median_examples_per_s"][n],
-             result["median_examples_per_s"][n] / raw]
-            for n, xs in result["examples_per_s"].items()]
-    out = format_table(["run", "examples/s per round", "median", "vs raw"], rows)
-    load = result["load_avg_1m"]
-    return (f"{out}\nratio tfdist/raw = {result['ratio']:.3f} (goal >= {result['goal_ratio']}: "
-            f"{'met' if result['goal_met'] else 'NOT met'}); load 1m {load['min']:.2f}-"
-            f"{load['max']:.2f}")
+    rows, lines = [], []
+    for engine, r in result["results"].items():
+        raw = r["median_examples_per_s"]["raw"]
+        for name, xs in r["examples_per_s"].items():
+            rows.append([engine, name, " ".join(f"{x:.0f}" for x in xs),
+                         r["median_examples_per_s"][name], r["median_examples_per_s"][name] / raw])
+        lo, hi = r["ci95"]
+        load = r["load_avg_1m"]
+        lines.append(f"{engine}: tfdist/raw = {r['ratio']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}] "
+                     f"(width {r['ci_width']:.3f}, {r['rounds']} rounds); goal >= "
+                     f"{result['goal_ratio']}: {r['verdict']}; load 1m {min(load):.2f}-"
+                     f"{max(load):.2f}")
+    out = format_table(["engine", "run", "examples/s per round", "median", "vs raw"], rows)
+    return out + "\n" + "\n".join(lines)
 
 
 def plot(result: dict, fig) -> None:
-    """Examples/s per round per configuration."""
-    ax = fig.add_subplot(111)
-    for name, xs in result["examples_per_s"].items():
-        ax.plot(range(1, len(xs) + 1), xs, "o-", label=name)
-    ax.set_xlabel("round")
-    ax.set_ylabel("examples/s")
-    ax.set_title(f"{result['recipe']}, {result['workers']} worker(s): "
-                 f"tfdist/raw = {result['ratio']:.3f}")
-    ax.legend()
+    """Left: per-round ratios per engine, with mean and 95% interval. Right: examples/s per round."""
+    from matplotlib.ticker import MaxNLocator
+
+    left, right = fig.subplots(1, 2)
+    engines = list(result["results"])
+    for i, engine in enumerate(engines):
+        r = result["results"][engine]
+        n = len(r["ratios"])
+        # Deterministic jitter, so rounds do not hide behind each other.
+        xs = [i + 0.25 * ((k / max(1, n - 1)) - 0.5) for k in range(n)]
+        left.plot(xs, r["ratios"], "o", alpha=0.5, color=f"C{i}")
+        lo, hi = r["ci95"]
+        left.errorbar([i + 0.35], [r["ratio"]], yerr=[[r["ratio"] - lo], [hi - r["ratio"]]],
+                      fmt="D", color="black", capsize=4)
+        left.annotate(f"{r['ratio']:.3f}\n[{lo:.3f}, {hi:.3f}]", (i + 0.4, r["ratio"]),
+                      fontsize=7, va="center")
+        for name, marker in (("tfdist", "o"), ("raw", "x")):
+            ys = r["examples_per_s"][name]
+            right.plot(range(1, len(ys) + 1), ys, marker, color=f"C{i}",
+                       label=f"{engine} {name}")
+    left.axhline(result["goal_ratio"], color="grey", linestyle=":",
+                 label=f"goal {result['goal_ratio']}")
+    left.set_xticks(range(len(engines)), engines)
+    left.set_xlim(-0.5, len(engines) - 0.2)
+    left.set_ylabel("tfdist / raw per round (mean, 95% CI)")
+    left.set_title(f"{result['recipe']}, {result['workers']} worker(s)")
+    left.legend(fontsize=7)
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_xlabel("round")
+    right.set_ylabel("examples/s")
+    right.legend(fontsize=7)
