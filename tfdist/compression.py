@@ -4,9 +4,17 @@ Why: a data-parallel step sends every gradient byte; float16 or bfloat16 on
 the wire halves that, which pays where the all-reduce is bandwidth-bound
 (slow links between hosts, large models) and costs two casts per gradient
 where it is not. Only floating gradients wider than the wire type are cast
-(a float16 gradient under mixed precision already is); the reduce runs in
-the wire type. float16 keeps 10 mantissa bits but overflows past 65504;
-bfloat16 keeps float32's range with 7 bits. No error feedback.
+(a float16 gradient under mixed precision already is). float16 keeps 10
+mantissa bits but overflows past 65504; bfloat16 keeps float32's range with
+7 bits. No error feedback.
+
+Where the sum happens: shm sends the wire type through its segment but sums
+and averages in float32 (`tfdist.shm.comm.accumulator_dtype`), rounding once,
+so a mean whose partial sums pass 65504 stays finite. MultiWorkerMirrored's
+collective ops and Horovod's Gloo/MPI reduce in the tensor's own dtype, and
+neither has an option to accumulate wider than what it sends: there every
+add rounds to the wire type and a sum past 65504 is inf (the mean is taken
+after the sum).
 
 One function serves every engine: MultiWorkerMirrored and Mirrored through
 `tfdist.compat.keras_grad_reduction`, Horovod and shm through

@@ -124,6 +124,21 @@ def test_collectives_match_numpy(tmp_path, size):
     assert _segments(procs) == set()
 
 
+def test_two_byte_floats_are_reduced_in_float32(tmp_path):
+    procs = _start("wide", 2, tmp_path)
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for r in range(2):
+        got = np.load(tmp_path / f"rank{r}.npz")
+        # 40000 + 40001 overflows float16 (inf); summed in float32 the mean is in range.
+        assert got["mean16"].dtype == np.float16
+        np.testing.assert_array_equal(got["mean16"], np.float16(40000.5))
+        assert np.isinf(got["sum16"]).all()  # the sum itself does not fit: inf, as numpy's
+        # bfloat16 (numpy kind "V") is averaged as a float, not floor-divided.
+        assert str(got["meanb_dtype"]) == "bfloat16"
+        np.testing.assert_array_equal(got["meanb"], [1.5, 2.5, -0.75])
+
+
 def test_dead_peer_is_an_error_not_a_hang(tmp_path):
     procs = _start("die", 2, tmp_path)
     outs = [p.communicate(timeout=60)[0] for p in procs]

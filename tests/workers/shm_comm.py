@@ -86,7 +86,14 @@ def stress_expected(op, root, per_rank, size):
         total = parts[0].copy()
         for p in parts[1:]:
             total = total + p
-        total = total.astype(parts[0].dtype)
+        dtype = parts[0].dtype
+        if dtype == np.float16:  # the engine sums and averages 2-byte floats in float32
+            total = total.astype(np.float32)
+            if op == "mean":
+                total = total * np.float32(1.0 / size)
+            out.append(total.astype(dtype))
+            continue
+        total = total.astype(dtype)
         if op == "mean":
             total = (total * np.asarray(1.0 / size, total.dtype) if total.dtype.kind == "f"
                      else total // size)
@@ -166,6 +173,16 @@ def main():
             n = run_stress(comm, rank, size, STRESS_CALLS[size])
             print(f"checked {n} collectives in {time.monotonic() - start:.1f} s, "
                   f"{comm._seq} barriers", flush=True)
+        elif scenario == "wide":
+            import ml_dtypes
+
+            # fp16 values whose sum overflows float16, and bf16 halves a floor would drop.
+            f16 = np.full(5, 40000.0 + rank, np.float16)
+            bf16 = np.array([1.5, 2.5, -0.75], ml_dtypes.bfloat16)
+            mean16, meanb = comm.allreduce([f16, bf16], average=True)
+            (sum16,) = comm.allreduce([f16])
+            np.savez(os.path.join(out, f"rank{rank}.npz"), mean16=mean16, sum16=sum16,
+                     meanb=meanb.astype(np.float32), meanb_dtype=np.array(str(meanb.dtype)))
         elif scenario == "die":
             if rank == 1:
                 os._exit(0)

@@ -169,6 +169,22 @@ def chunk_bounds(nbytes: int, itemsize: int, size: int, chunk_bytes: int):
                       for q in range(size)]
 
 
+def is_floating(dtype) -> bool:
+    """Pure function: True for numpy floats and bfloat16 (ml_dtypes' kind is "V", not "f")."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def accumulator_dtype(dtype):
+    """Pure function: float32 for the 2-byte floats (float16, bfloat16), else None.
+
+    Those are what gradient compression sends; summing them in their own type
+    loses bits at every add and overflows float16 past 65504 before the mean
+    brings the value back in range.
+    """
+    return np.dtype(np.float32) if is_floating(dtype) and np.dtype(dtype).itemsize == 2 else None
+
+
 class Communicator:
     """All-reduce, broadcast and barrier between `size` processes on this host.
 
@@ -443,7 +459,8 @@ class Communicator:
         """Reduces flat `x` into flat `out`: both ndarrays, or both `_Concat`s (a bucket)."""
         n, r, dt = self.size, self.rank, x.dtype
         mail, result = self._mail, self._result
-        scale = np.asarray(1.0 / n, dtype=dt) if dt.kind == "f" else None
+        wide = accumulator_dtype(dt)
+        scale = np.asarray(1.0 / n, dtype=wide or dt) if is_floating(dt) else None
         fused = isinstance(x, _Concat)
         if x.size == 0:
             self._sync()  # nothing to move, but the call is still checked
@@ -468,15 +485,27 @@ class Communicator:
                     x.read(lo, hi, mine)
                 else:  # straight into my output; the first add reads my input in place
                     mine, acc = out[lo:hi], x[lo:hi]
-                for q in range(n):
-                    if q != r:
-                        np.add(acc, mail[r, q, :k * dt.itemsize].view(dt), out=mine)
-                        acc = mine
-                if average:
-                    if scale is not None:
-                        np.multiply(mine, scale, out=mine)
-                    else:
-                        np.floor_divide(mine, n, out=mine)
+                if wide is not None:
+                    # 2-byte floats (compressed gradients) travel as they are but are
+                    # summed and averaged in float32, rounded once at the end: n fp16
+                    # gradients of 40000 average to 40000, not to an overflowed inf.
+                    total = acc.astype(wide)
+                    for q in range(n):
+                        if q != r:
+                            np.add(total, mail[r, q, :k * dt.itemsize].view(dt), out=total)
+                    if average:
+                        np.multiply(total, scale, out=total)
+                    mine[:] = total
+                else:
+                    for q in range(n):
+                        if q != r:
+                            np.add(acc, mail[r, q, :k * dt.itemsize].view(dt), out=mine)
+                            acc = mine
+                    if average:
+                        if scale is not None:
+                            np.multiply(mine, scale, out=mine)
+                        else:
+                            np.floor_divide(mine, n, out=mine)
                 if fused:
                     out.write(lo, hi, mine)
                 else:
