@@ -137,3 +137,20 @@ def test_overhead_engines_are_checked_before_anything_runs():
     args.engines = "shm,multi_worker"
     assert overhead.engines_for(args) == ["shm", "multi_worker"]
 
+
+def test_scaling_pairs_each_repeat_with_its_own_baseline_and_flags_above_one():
+    assert scaling.paired_efficiencies([100.0, 80.0], [180.0, 170.0], 2) == pytest.approx(
+        [0.9, 170 / 160])
+    assert scaling.noise_flags([1.0, 0.93, 1.06]) == [False, False, True]
+    assert scaling.engine_name("shm", "none") == "shm"
+    assert scaling.engine_name("multi_worker", "fp16") == "multi_worker+fp16"
+
+
+def test_scaling_refuses_bad_compression_and_one_worker_before_running():
+    args = type("A", (), {"hosts": 0, "rate": None, "modes": "weak", "strategies": "shm",
+                          "grad_compression": "none,fp8", "workers": 2})
+    with pytest.raises(SystemExit, match="--grad-compression.*Received: 'none,fp8'"):
+        scaling.run(args)
+    args.grad_compression, args.workers = "fp16", 1
+    with pytest.raises(SystemExit, match="-n >= 2. Received: -n 1"):
+        scaling.run(args)

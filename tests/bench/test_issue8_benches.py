@@ -28,23 +28,32 @@ def _bench(tmp_path, name, *flags, timeout=240):
     return result, proc.stdout
 
 
-def test_scaling(tmp_path):
+def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
     result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "4",
-                            "--warmup", "1", "--per-worker-batch", "8",
-                            "--strategies", "multi_worker,shm",
-                            "--train-flags=--preempt-check-steps 100")
+                            "--warmup", "1", "--per-worker-batch", "8", "--modes", "weak",
+                            "--strategies", "shm", "--grad-compression", "none,fp16",
+                            "--repeats", "2", "--train-flags=--preempt-check-steps 100",
+                            timeout=900)
     assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
-    for mode in ("weak", "strong"):
-        curve = result[mode]
-        assert curve["workers"] == [1, 2] and curve["speedup"][0] == 1.0
-        assert curve["efficiency"][1] == pytest.approx(curve["speedup"][1] / 2)
-        for strategy in ("multi_worker", "shm"):
-            full = result["results"]["wide_mlp"][strategy][mode]
-            assert all(t > 0 for t in full["examples_per_s"])
-            assert [r["num_workers"] for r in full["runs"]] == [1, 2]
-    gbs = result["results"]["wide_mlp"]["multi_worker"]
-    assert gbs["weak"]["global_batch_size"] == [8, 16] and gbs["strong"]["global_batch_size"] == [16, 16]
-    assert "efficiency" in stdout
+    base = result["baselines"]["wide_mlp"]["weak"]
+    assert base["global_batch_size"] == 8 and len(base["tries_examples_per_s"]) == 2
+    curves = result["results"]["wide_mlp"]
+    assert set(curves) == {"shm", "shm+fp16"} and "strong" not in result
+    for name, comp in (("shm", "none"), ("shm+fp16", "fp16")):
+        c = curves[name]["weak"]
+        assert c["grad_compression"] == comp and c["workers"] == [1, 2]
+        # One baseline for every engine: the same run is each curve's first point.
+        assert c["runs"][0] == base["run"] and c["speedup"][0] == 1.0
+        assert c["global_batch_size"] == [8, 16]
+        assert [r["num_workers"] for r in c["runs"]] == [1, 2]
+        assert c["runs"][1]["tries_step_s"] and len(c["runs"][1]["tries_step_s"]) == 2
+        assert all(math.isfinite(t) and t > 0 for t in c["examples_per_s"])
+        assert c["efficiency"][1] == pytest.approx(c["speedup"][1] / 2)
+        per_repeat = c["efficiency_per_repeat"][1]
+        assert len(per_repeat) == 2 and c["efficiency_range"][1] == [min(per_repeat),
+                                                                     max(per_repeat)]
+        assert c["noise"] == [e > 1 for e in c["efficiency"]]
+    assert "noise" in result["note"] and "per repeat" in stdout
 
 
 def test_allreduce_shm_and_mwms(tmp_path):

@@ -7,6 +7,19 @@ worker uses one core and the 1-worker baseline no more than its share. Throughpu
 state (examples/s after the first warm-up steps, which trace the step
 function); metrics.json's figure, which includes them, is kept beside it.
 
+The 1-worker point is one baseline per recipe and mode, shared by every
+engine: `single` through `tfdist.launch -n 1`, so that two engines' curves
+differ only in their K-worker runs (a baseline per engine once gave shm
+"1.14" because its own baseline happened to be slow). `--repeats R` runs the
+baseline and every engine's points interleaved R times; each point is its
+median run, and the error bars are the range of the per-repeat efficiencies,
+each K-worker run against the baseline of its own repeat. Efficiency above 1
+cannot be real here (K workers on K cores' share of one machine) and is
+flagged as noise in the JSON, the table and the plot. `--grad-compression
+none,fp16` adds a curve per compression (`multi_worker+fp16`, ...).
+Horovod's K-worker runs use the Horovod venv's TensorFlow; the shared
+baseline runs the system one.
+
 Weak scaling keeps the examples per worker fixed (global batch = K x
 per-worker batch); strong scaling keeps the global batch fixed (= N x
 per-worker batch). In both, speedup = T1/TK for the same amount of work per
@@ -18,7 +31,8 @@ links shaped to R (see `tfdist.bench.on_hosts`); the 1-worker baseline runs
 on h0. Beside each K-worker point is `bench comm`'s estimate with the
 measured 1-worker step as the compute term and the link rate as the bus
 bandwidth (the best a ring all-reduce can do): predicted step = compute x
-(per-worker batch / 1-worker batch) + 2(K-1)/K x gradient bytes / link rate.
+(per-worker batch / 1-worker batch) + 2(K-1)/K x bytes sent / link rate
+(half the gradient bytes under fp16 or bf16 compression).
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from tfdist import compression as compression_lib
 from tfdist.bench import on_hosts, runs
 from tfdist.bench.allreduce import comm_seconds
 
@@ -49,8 +64,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="run every point R times, interleaved (1, 2, .., N, 1, 2, ..), and "
-                             "report the median step time: shared cores make single runs noisy")
+                        help="run the shared baseline and every point R times, interleaved, and "
+                             "report the median and the range: shared cores make runs noisy")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     parser.add_argument("--inter-op-threads", type=int, default=1,
                         help="inter-op threads per worker (TF_NUM_INTEROP_THREADS; 0: TF's choice)")
@@ -60,6 +75,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--venv", default=None, help="Horovod venv (default: as horovod-allreduce)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     parser.add_argument("--modes", default="weak,strong", help="weak and/or strong")
+    parser.add_argument("--grad-compression", default="none",
+                        help="comma-separated, each a curve: none, fp16 and/or bf16")
     parser.add_argument("--hosts", type=int, default=0,
                         help="N>=2: worker i on namespaced host hi (needs root; sets -n N)")
     parser.add_argument("--rate", default=None,
@@ -96,11 +113,13 @@ def predicted_steps(step_1: float, batches: list[int], workers: list[int], grad_
             for b, k in zip(batches, workers)]
 
 
-def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str) -> list[str]:
+def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str,
+                compression: str = "none") -> list[str]:
+    extra = ["--grad-compression", compression] if compression != "none" else []
     return [recipe, "--strategy", strategy, "--global-batch-size", str(gbs),
             "--epochs", "1", "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
             "--verbose", "0", "--model-dir", model_dir, "--resume", "false",
-            "--csv-log", "false", *getattr(args, "train_flags", "").split()]
+            "--csv-log", "false", *extra, *getattr(args, "train_flags", "").split()]
 
 
 def _venv(args) -> str:
@@ -111,8 +130,13 @@ def _venv(args) -> str:
     return venv
 
 
-def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str) -> dict:
-    """One job of `workers` processes; returns the chief's result line plus the load."""
+def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str,
+            compression: str = "none") -> dict:
+    """One job of `workers` processes; returns the chief's result line plus the load.
+
+    One worker runs `single` whatever `strategy` says: the baseline pays for no
+    collective at all.
+    """
     model_dir = os.path.join(os.path.abspath(args.out), "runs", label)
     env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
     if getattr(args, "inter_op_threads", 0):
@@ -123,7 +147,8 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
     hosts = getattr(args, "hosts_cluster", None)
     if hosts is not None:
         # One worker runs `single` (on h0): the baseline pays for no collective at all.
-        train = _train_args(args, recipe, "single" if workers == 1 else strategy, gbs, model_dir)
+        train = (_train_args(args, recipe, "single", gbs, model_dir) if workers == 1 else
+                 _train_args(args, recipe, strategy, gbs, model_dir, compression))
         load = runs.load_average()
         if strategy == "horovod" and workers > 1:
             result = on_hosts.run_horovod(hosts, _venv(args), workers, args.controller,
@@ -133,36 +158,66 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
             result = on_hosts.run_workers(hosts, workers, "tfdist.bench.train_worker", train,
                                           args.timeout, env, what=f"scaling run {label}")[0]
         return {**result, "workers": workers, "load_avg_1m": load}
-    if strategy == "horovod":
+    if workers == 1:
+        cmd = runs.launch_command(1, "tfdist.bench.train_worker",
+                                  _train_args(args, recipe, "single", gbs, model_dir), args.timeout)
+    elif strategy == "horovod":
         cmd = runs.horovod_command(_venv(args), workers, args.controller,
                                    "tfdist.bench.train_worker",
-                                   _train_args(args, recipe, "horovod", gbs, model_dir))
+                                   _train_args(args, recipe, "horovod", gbs, model_dir, compression))
     else:
-        # One worker runs `single`: the baseline pays for no collective at all.
         cmd = runs.launch_command(workers, "tfdist.bench.train_worker",
-                                  _train_args(args, recipe, "single" if workers == 1 else strategy,
-                                              gbs, model_dir), args.timeout)
+                                  _train_args(args, recipe, strategy, gbs, model_dir, compression),
+                                  args.timeout)
     load = runs.load_average()
     result = runs.run(cmd, args.timeout + 60, env, what=f"scaling run {label}")[0]
     return {**result, "workers": workers, "load_avg_1m": load}
 
 
+def engine_name(strategy: str, compression: str) -> str:
+    """Pure function: a curve's name, e.g. "multi_worker" or "multi_worker+fp16"."""
+    return strategy if compression == "none" else f"{strategy}+{compression}"
+
+
+def paired_efficiencies(base: list[float], many: list[float], workers: int) -> list[float]:
+    """Pure function: efficiency of each repeat, K workers against the 1-worker run of the same
+    repeat (examples/s), so that a load change between repeats hits both alike."""
+    return [m / (workers * b) for b, m in zip(base, many)]
+
+
+def noise_flags(efficiency: list[float]) -> list[bool]:
+    """Pure function: True where efficiency exceeds 1.
+
+    K workers cannot do more than K times one worker's work on K cores' share
+    of the machine; above 1 the baseline was slowed (or the K-worker run
+    sped up) by something else on the shared cores.
+    """
+    return [e > 1.0 for e in efficiency]
+
+
 def run(args) -> dict:
-    """Runs every (recipe, strategy, mode, K) point; returns the curves."""
+    """Runs every (recipe, mode, K, strategy, compression) point; returns the curves."""
     link = on_hosts.check_args(getattr(args, "hosts", 0), getattr(args, "rate", None))
     modes = [m for m in getattr(args, "modes", ",".join(MODES)).split(",") if m]
     if not modes or set(modes) - set(MODES):
         raise SystemExit(f"error: --modes takes weak and/or strong. Received: {args.modes!r}.")
     strategies = [s for s in args.strategies.split(",") if s]
+    compressions = [c for c in getattr(args, "grad_compression", "none").split(",") if c]
+    bad = [c for c in compressions if c not in compression_lib.NAMES]
+    if bad or not compressions:
+        raise SystemExit(f"error: --grad-compression takes a comma-separated list from "
+                         f"{list(compression_lib.NAMES)}. Received: {args.grad_compression!r}.")
     if link:
         args.workers = args.hosts
         if "shm" in strategies:
             raise SystemExit("error: --strategies shm is one host's shared memory; it cannot "
                              "run with --hosts. Pass --strategies multi_worker (or horovod).")
+    if args.workers < 2:
+        raise SystemExit(f"error: scaling needs -n >= 2. Received: -n {args.workers}.")
     with (on_hosts.shaped_hosts(args.hosts, args.rate) if link
           else contextlib.nullcontext()) as hosts:
         args.hosts_cluster = hosts
-        results = _run_points(args, modes, strategies, link)
+        results, baselines = _run_points(args, modes, strategies, compressions, link)
     args.hosts_cluster = None
     first_recipe = next(iter(results))
     headline = results[first_recipe][next(iter(results[first_recipe]))]
@@ -170,46 +225,73 @@ def run(args) -> dict:
              else "all workers on one host")
     return {**{m: {k: headline[m][k] for k in ("workers", "speedup", "efficiency")}
                for m in modes},
-            "headline": first_recipe, "results": results, "threads": args.threads,
+            "headline": first_recipe, "results": results, "baselines": baselines,
+            "threads": args.threads, "grad_compression": compressions,
             "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
             "steps": args.steps, "warmup_steps": args.warmup, "repeats": args.repeats,
             "hosts": args.workers if link else 0, "rate": args.rate if link else None,
             "link_gbs": link,
-            "note": f"examples/s after the warm-up steps; 1 worker runs `single`; {where}"}
+            "note": "examples/s after the warm-up steps; one 1-worker baseline (`single`) per "
+                    "recipe and mode, shared by every engine; efficiency from the median runs, "
+                    "error bars the range of per-repeat efficiencies (each repeat's K-worker "
+                    f"run over its own baseline); efficiency > 1 is noise; {where}"}
 
 
-def _run_points(args, modes, strategies, link) -> dict:
+def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict]:
     counts = list(range(1, args.workers + 1))
-    results = {}
+    engines = [(s, c) for s in strategies for c in compressions]
+    repeats = max(1, args.repeats)
+    results, baselines = {}, {}
     for recipe in [r for r in args.recipes.split(",") if r]:
         per_worker = args.per_worker_batch or PER_WORKER.get(recipe, 64)
         grad_bytes = _grad_bytes(recipe) if link else None
-        for strategy in strategies:
-            curves = {}
-            for mode in modes:
-                tries = {k: [] for k in counts}
-                for rep in range(max(1, args.repeats)):
-                    for k in counts:
-                        gbs = per_worker * (k if mode == "weak" else args.workers)
-                        tries[k].append(one_run(args, recipe, strategy, k, gbs,
-                                                f"{recipe}_{strategy}_{mode}_{k}_r{rep}"))
-                points = [median_run(tries[k]) for k in counts]
+        for mode in modes:
+            def gbs(k):
+                return per_worker * (k if mode == "weak" else args.workers)
+
+            base_tries, tries = [], {e: {k: [] for k in counts[1:]} for e in engines}
+            # Interleaved: the baseline, then every engine's points, R times over.
+            for rep in range(repeats):
+                base_tries.append(one_run(args, recipe, "single", 1, gbs(1),
+                                          f"{recipe}_{mode}_1_r{rep}"))
+                for strategy, comp in engines:
+                    for k in counts[1:]:
+                        tries[(strategy, comp)][k].append(one_run(
+                            args, recipe, strategy, k, gbs(k),
+                            f"{recipe}_{engine_name(strategy, comp)}_{mode}_{k}_r{rep}", comp))
+            base = median_run(base_tries)
+            base_tput = [t["examples_per_s"] for t in base_tries]
+            baselines.setdefault(recipe, {})[mode] = {
+                "global_batch_size": gbs(1), "step_s": base["step_s"],
+                "examples_per_s": base["examples_per_s"], "tries_examples_per_s": base_tput,
+                "run": base}
+            for strategy, comp in engines:
+                points = [base] + [median_run(tries[(strategy, comp)][k]) for k in counts[1:]]
                 tput = [p["examples_per_s"] for p in points]
                 speedup, efficiency = speedups(tput, counts)
-                curves[mode] = {"workers": counts, "speedup": speedup, "efficiency": efficiency,
-                                "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
-                                "global_batch_size": [p["global_batch_size"] for p in points],
-                                "runs": points}
+                per_repeat = [[1.0] * repeats] + [
+                    paired_efficiencies(base_tput, [t["examples_per_s"]
+                                                    for t in tries[(strategy, comp)][k]], k)
+                    for k in counts[1:]]
+                curve = {"workers": counts, "speedup": speedup, "efficiency": efficiency,
+                         "efficiency_per_repeat": per_repeat,
+                         "efficiency_range": [[min(p), max(p)] for p in per_repeat],
+                         "noise": noise_flags(efficiency),
+                         "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
+                         "global_batch_size": [p["global_batch_size"] for p in points],
+                         "strategy": strategy, "grad_compression": comp, "runs": points}
                 if link:
+                    wire = grad_bytes * (0.5 if comp != "none" else 1.0)
                     batches = [p["global_batch_size"] // k for p, k in zip(points, counts)]
-                    pred = predicted_steps(points[0]["step_s"], batches, counts, grad_bytes, link)
-                    curves[mode].update(
-                        grad_bytes=grad_bytes, predicted_step_s=pred,
+                    pred = predicted_steps(points[0]["step_s"], batches, counts, wire, link)
+                    curve.update(
+                        grad_bytes=grad_bytes, wire_bytes=wire, predicted_step_s=pred,
                         # throughput_K / (K x throughput_1), with the predicted step.
                         predicted_efficiency=[points[0]["step_s"] * b / batches[0] / p
                                               for p, b in zip(pred, batches)])
-            results.setdefault(recipe, {})[strategy] = curves
-    return results
+                results.setdefault(recipe, {}).setdefault(
+                    engine_name(strategy, comp), {})[mode] = curve
+    return results, baselines
 
 
 def _grad_bytes(recipe: str) -> int:
@@ -219,48 +301,71 @@ def _grad_bytes(recipe: str) -> int:
 
 
 def table(result: dict) -> str:
-    """One row per (recipe, strategy, mode, workers); with --hosts, the prediction beside."""
+    """One row per (recipe, engine, mode, workers); with --hosts, the prediction beside."""
     from tfdist.bench.report import format_table
 
     link = result.get("link_gbs")
     rows = []
-    for recipe, by_strategy in result["results"].items():
-        for strategy, curves in by_strategy.items():
+    for recipe, by_engine in result["results"].items():
+        for engine, curves in by_engine.items():
             for mode, c in curves.items():
                 for i, k in enumerate(c["workers"]):
-                    row = [recipe, strategy, mode, k, c["global_batch_size"][i],
+                    lo, hi = c["efficiency_range"][i]
+                    row = [recipe, engine, mode, k, c["global_batch_size"][i],
                            c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
-                           c["efficiency"][i]]
+                           c["efficiency"][i], f"{lo:.2f}-{hi:.2f}"]
                     if link:
                         row += [c["predicted_step_s"][i] * 1e3, c["predicted_efficiency"][i]]
-                    rows.append(row + [c["runs"][i]["load_avg_1m"]])
-    head = ["recipe", "strategy", "mode", "workers", "global batch", "step ms", "examples/s",
-            "speedup", "efficiency"]
+                    rows.append(row + [c["runs"][i]["load_avg_1m"],
+                                       "noise (>1)" if c["noise"][i] else ""])
+    head = ["recipe", "engine", "mode", "workers", "global batch", "step ms", "examples/s",
+            "speedup", "efficiency", "per repeat"]
     if link:
         head += ["predicted step ms", "predicted efficiency"]
-    out = format_table(head + ["load 1m"], rows)
+    out = format_table(head + ["load 1m", "flag"], rows)
+    out = (f"1 worker = one shared `single` baseline per recipe and mode; {result['repeats']} "
+           "repeat(s), median shown\n" + out)
     if link:
         out = (f"worker i on host hi, links shaped to {result['rate']} ({link:.3f} GB/s); "
-               "predicted: measured 1-worker compute + ring all-reduce at the link rate\n" + out)
+               "predicted: measured 1-worker compute + ring all-reduce of the bytes sent at the "
+               "link rate\n" + out)
     return out
 
 
 def plot(result: dict, fig) -> None:
-    """Efficiency per worker count, per mode, per recipe/strategy (and predicted, --hosts)."""
+    """Efficiency per worker count with the per-repeat range, per mode, per recipe/engine."""
     modes = [m for m in MODES if m in result]
     axes = fig.subplots(1, len(modes), squeeze=False)[0]
     for ax, mode in zip(axes, modes):
-        for recipe, by_strategy in result["results"].items():
-            for strategy, curves in by_strategy.items():
-                c = curves[mode]
-                line = ax.plot(c["workers"], c["efficiency"], "o-", label=f"{recipe} ({strategy})")
-                if "predicted_efficiency" in c:
-                    ax.plot(c["workers"], c["predicted_efficiency"], "x--",
-                            color=line[0].get_color(), label=f"{recipe} ({strategy}), predicted")
+        flagged = False
+        curves = [(recipe, engine, by_engine[engine][mode])
+                  for recipe, by_engine in result["results"].items() for engine in by_engine]
+        for i, (recipe, engine, c) in enumerate(curves):
+            # A small offset per curve, so error bars at one worker count do not overlap.
+            xs = [k + 0.04 * (i - (len(curves) - 1) / 2) for k in c["workers"]]
+            err = [[e - lo for e, (lo, _) in zip(c["efficiency"], c["efficiency_range"])],
+                   [hi - e for e, (_, hi) in zip(c["efficiency"], c["efficiency_range"])]]
+            line = ax.errorbar(xs, c["efficiency"], yerr=err, fmt="o-", capsize=3,
+                               label=f"{recipe} ({engine})")
+            color = line[0].get_color()
+            noisy = [(x, e) for x, e, n in zip(xs, c["efficiency"], c["noise"]) if n]
+            if noisy:
+                flagged = True
+                ax.plot(*zip(*noisy), "o", markersize=12, markerfacecolor="none",
+                        markeredgecolor="red")
+            if "predicted_efficiency" in c:
+                ax.plot(xs, c["predicted_efficiency"], "x--", color=color,
+                        label=f"{recipe} ({engine}), predicted")
         ax.axhline(1.0, color="grey", linewidth=0.8)
+        if flagged:
+            ax.plot([], [], "o", markerfacecolor="none", markeredgecolor="red",
+                    label="efficiency > 1: noise")
+        counts = curves[0][2]["workers"] if curves else [1]
+        ax.set_xticks(counts)
         ax.set_xlabel("workers" + (f" (one per host, {result['rate']})" if result.get("rate")
                                    else ""))
-        ax.set_ylabel("efficiency (speedup / N)")
-        ax.set_ylim(0, 1.2)
-        ax.set_title(f"{mode} scaling")
+        ax.set_ylabel("efficiency (speedup / N), range over repeats")
+        top = max([1.2] + [hi for _, _, c in curves for _, hi in c["efficiency_range"]])
+        ax.set_ylim(0, top + 0.05)
+        ax.set_title(f"{mode} scaling, {result['repeats']} repeat(s)")
         ax.legend(fontsize=7)
