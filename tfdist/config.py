@@ -140,6 +140,13 @@ class Config(dict):
         self.options = dict(options)
         self.given = frozenset(given)
 
+    @property
+    def typed(self):
+        """The typed view (`tfdist.settings.Settings`), read from the dict now."""
+        from tfdist.settings import Settings
+
+        return Settings.of(self)
+
 
 def declarations(recipe_defaults: Mapping[str, Any], context: str) -> dict[str, Option]:
     """Framework declarations with a recipe's DEFAULTS applied.

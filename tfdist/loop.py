@@ -31,6 +31,7 @@ class Run:
         choice: The `tfdist.strategies.Choice` of adapters `--strategy` may become.
         callbacks: Extra Keras callbacks from the caller (`fit` loops).
         found: What the model dir holds (`tfdist.run_dir.Found`).
+        settings: `cfg` as typed sections (`tfdist.settings.Settings`), read once.
     """
 
     recipe: object
@@ -40,6 +41,13 @@ class Run:
     choice: object
     callbacks: list = dataclasses.field(default_factory=list)
     found: object = None
+    settings: object = None
+
+    def __post_init__(self):
+        if self.settings is None:
+            from tfdist.settings import Settings
+
+            self.settings = Settings.of(self.cfg)
 
 
 class Loop:
@@ -64,22 +72,21 @@ def run_line(fields: dict) -> str:
                     for k, v in fields.items())
 
 
-def start_tensorflow(cfg: dict):
+def start_tensorflow(settings):
     """Imports TensorFlow quietly (unless --tf-logs); returns the Console."""
     from tfdist import cluster as cluster_lib
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
     console = cluster_lib.detect_console()
-    import_tensorflow(show_logs=cfg["tf_logs"] or console.tf_logs)
+    import_tensorflow(show_logs=settings.logs.tf_logs or console.tf_logs)
     return console
 
 
-def set_up(cfg: dict, cpu_devices: int | None = None) -> None:
+def set_up(settings, cpu_devices: int | None = None) -> None:
     """Threads, logical CPU devices, determinism, seed and precision: before any op.
 
     Args:
-        cfg: The configuration (threads, inter_op_threads, deterministic,
-            seed, precision).
+        settings: The run's `tfdist.settings.Settings`.
         cpu_devices: Split the CPU into this many logical devices (None: no split).
     """
     import keras
@@ -87,15 +94,16 @@ def set_up(cfg: dict, cpu_devices: int | None = None) -> None:
 
     from tfdist.strategies.devices import configure_runtime
 
-    configure_runtime(cpu_devices=cpu_devices, intra_op_threads=cfg["threads"] or None,
-                      inter_op_threads=cfg["inter_op_threads"] or None)
-    if cfg["deterministic"]:
+    runtime = settings.runtime
+    configure_runtime(cpu_devices=cpu_devices, intra_op_threads=runtime.threads or None,
+                      inter_op_threads=runtime.inter_op_threads or None)
+    if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(cfg["seed"])
+    keras.utils.set_random_seed(settings.training.seed)
     # float16 compute needs loss scaling: Keras's compile wraps the optimizer in
     # a LossScaleOptimizer for "mixed_float16" (the coordinator scales its own
     # loss); bfloat16 has float32's range.
-    keras.mixed_precision.set_global_policy(cfg["precision"])
+    keras.mixed_precision.set_global_policy(settings.optimization.precision)
 
 
 def finish(model, test_ds, metrics: dict, model_dir: str, cluster) -> dict:

@@ -27,6 +27,7 @@ from tfdist import ps, run_dir
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, TrainState
 from tfdist.errors import ConfigError, PeerLostError
+from tfdist.settings import Settings
 # The run types live apart so the parameter-server loop need not import this module.
 from tfdist.run_types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
 
@@ -186,7 +187,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
         run = loop_lib.Run(recipe, cfg, cluster, model_dir, choice, list(callbacks or []),
-                           found)
+                           found, Settings.of(cfg))  # the typed view, read once
         return LOOPS[choice.loop].run(run)
 
 
@@ -253,15 +254,18 @@ class FitLoop(loop_lib.Loop):
 
     def run(self, run: loop_lib.Run) -> Result:
         return _train(run.recipe, run.cfg, run.cluster, run.callbacks, run.model_dir, run.choice,
-                      run.found)
+                      run.found, run.settings)
 
 
 # The loop each adapter's `loop` kind names.
 LOOPS: dict[str, loop_lib.Loop] = {loop.kind: loop for loop in (FitLoop(), ps.CoordinatorLoop())}
 
 
-def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
-    console = loop_lib.start_tensorflow(cfg)
+def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found, settings) -> Result:
+    # `cfg` goes to the recipe's functions and the backup's record; the loop reads `settings`.
+    training, optim_, logs, backup_s = (settings.training, settings.optimization,
+                                        settings.logs, settings.backup)
+    console = loop_lib.start_tensorflow(settings)
     import tensorflow as tf
 
     from tfdist import callbacks as cb
@@ -269,14 +273,10 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
     from tfdist.preemption import PreemptionWatcher, default_check_steps
     from tfdist.strategies.devices import gpu_count
 
-    loop_lib.set_up(cfg, cpu_devices=cfg["devices"] if cfg["devices"] > 1 and gpu_count() == 0
-                    else None)
-
-    options = strategies.StrategyOptions(
-        devices=cfg["devices"] or None, collective=cfg["collective"],
-        timeout_s=cfg["collective_timeout_s"], startup_timeout_s=cfg["startup_timeout_s"],
-        microbatches=cfg["microbatches"],
-        placement=cfg["placement"], grad_compression=cfg["grad_compression"])
+    options = settings.adapter
+    split = options.devices if options.devices and options.devices > 1 and gpu_count() == 0 \
+        else None
+    loop_lib.set_up(settings, cpu_devices=split)
     adapter = choice.resolve(gpu_count())(cluster, options)
     name = adapter.name
     note = adapter.startup_note()  # before a build that may wait for peers
@@ -286,28 +286,28 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
     strategy = adapter.build()
     hooks = adapter.hooks()  # e.g. ranks, input shard, optimizer wrapper, callbacks
     replicas = hooks.num_replicas(strategy)
-    gbs = cfg["global_batch_size"]
+    gbs = training.global_batch_size
     per_replica = data.per_replica_batch_size(gbs, replicas)
     # With accumulation one optimizer step sees `accumulate` global batches.
-    effective = gbs * cfg["accumulate"]
-    lr = data.scale_learning_rate(cfg["learning_rate"], effective,
-                                  cfg["base_batch_size"] or effective, cfg["lr_scaling"])
+    effective = gbs * optim_.accumulate
+    lr = data.scale_learning_rate(optim_.learning_rate, effective,
+                                  optim_.base_batch_size or effective, optim_.lr_scaling)
     # A resumed run goes on at its backup's rate (rescaled if the batch changed).
-    lr, rescaled = run_dir.resume_learning_rate(found, cfg, lr) if cfg["resume"] else (lr, None)
+    lr, rescaled = run_dir.resume_learning_rate(found, cfg, lr) if backup_s.resume else (lr, None)
     _log(cluster, loop_lib.run_line({
         "recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
         "workers": cluster.num_workers, "source": cluster.source, "global_batch_size": gbs,
         "per_replica_batch_size": per_replica, "learning_rate": lr,
-        "accumulate": cfg["accumulate"], "precision": cfg["precision"], "model_dir": model_dir}))
+        "accumulate": optim_.accumulate, "precision": optim_.precision, "model_dir": model_dir}))
 
     def train_dataset(skip_batches=0, repeat=True, batch=gbs):
         return data.prepare(recipe_lib.build_dataset(recipe, cfg, "train"), batch,
                             num_workers=cluster.num_workers, training=True,
-                            shuffle_buffer=cfg["shuffle_buffer"], seed=cfg["seed"],
+                            shuffle_buffer=training.shuffle_buffer, seed=training.seed,
                             shard_by=hooks.input_shard(),
                             repeat=repeat, skip_batches=skip_batches)
 
-    steps_per_epoch = cfg["steps_per_epoch"] or data.count_elements(train_dataset(repeat=False))
+    steps_per_epoch = training.steps_per_epoch or data.count_elements(train_dataset(repeat=False))
     test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), gbs,
                            num_workers=cluster.num_workers, training=False)
     policy = test_ds.options().experimental_distribute.auto_shard_policy.name
@@ -330,17 +330,17 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
     check_free_space(model_dir, cluster, model, optimizer)
 
     # --- resume ---------------------------------------------------------
-    store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
+    store = BackupStore(model_dir, cluster.is_chief, keep=backup_s.keep)
     # The strategy and replica count are recorded, not matched (see check_compatible).
     meta = {"recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
-            "global_batch_size": gbs, "accumulate": cfg["accumulate"],
+            "global_batch_size": gbs, "accumulate": optim_.accumulate,
             "steps_per_epoch": steps_per_epoch,
-            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"],  # for reruns
+            "config": run_dir.run_config(cfg), "epochs": training.epochs,  # for reruns
             "learning_rate": lr}
     try:
-        restored, backup = store.resume(cfg["resume"], meta, model.variables,
+        restored, backup = store.resume(backup_s.resume, meta, model.variables,
                                         optimizer.variables, strategy.scope,
-                                        batch_change_ok=cfg["rescale_lr_on_batch_change"])
+                                        batch_change_ok=backup_s.rescale_lr_on_batch_change)
     finally:  # said even when the backup fallen back to is then refused
         for bad, why in store.skipped:
             _log(cluster, f"skipped backup {bad}, moved aside to {bad}{CORRUPT_SUFFIX}: {why}")
@@ -366,31 +366,32 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
     watcher = PreemptionWatcher()
     backup_cb = cb.make_backup_callback(
         store, state, meta, steps_per_epoch=steps_per_epoch,
-        save_every_steps=cfg["save_every_steps"], watcher=watcher,
+        save_every_steps=backup_s.save_every_steps, watcher=watcher,
         agree=lambda flag: hooks.any_worker(strategy, flag),
-        check_every=cfg["preempt_check_steps"] or default_check_steps(cluster.num_workers))
+        check_every=backup_s.preempt_check_steps or default_check_steps(cluster.num_workers))
     counter = _counter()
     # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
     # state before anything else runs, and averages metrics before they are recorded.
     callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []),
                  *recipe_lib.callbacks(recipe, cfg, cluster.is_chief), backup_cb]
-    if cfg["straggler_delay_ms"] and cluster.worker_index == cfg["straggler_worker"]:
-        callbacks.append(straggler.keras_callback(cfg["straggler_delay_ms"]))
-    if cfg["csv_log"]:
+    slow = settings.instrumentation
+    if slow.straggler_delay_ms and cluster.worker_index == slow.straggler_worker:
+        callbacks.append(straggler.keras_callback(slow.straggler_delay_ms))
+    if logs.csv_log:
         callbacks.append(cb.make_csv_logger(os.path.join(model_dir, "history.csv"),
                                             cluster.is_chief, state))
-    if cfg["tensorboard"]:
+    if logs.tensorboard:
         callbacks += [c for c in [cb.make_tensorboard(os.path.join(model_dir, "logs"),
                                                       cluster.is_chief)] if c]
-    verbose = config.keras_verbosity(cfg["verbose"], console.interactive)
+    verbose = config.keras_verbosity(logs.verbose, console.interactive)
     start = time.perf_counter()
     try:
-        while state.epoch < cfg["epochs"] and not backup_cb.preempted:
+        while state.epoch < training.epochs and not backup_cb.preempted:
             # A run resumed mid-epoch first finishes that epoch on its own.
             partial = state.step_in_epoch > 0
             model.fit(train_dataset(skip_batches=state.data_position),
                       initial_epoch=state.epoch,
-                      epochs=state.epoch + 1 if partial else cfg["epochs"],
+                      epochs=state.epoch + 1 if partial else training.epochs,
                       steps_per_epoch=steps_per_epoch - state.step_in_epoch,
                       verbose=verbose if cluster.is_chief else 0,
                       callbacks=callbacks, shuffle=False)  # shuffling is data.prepare's job
@@ -422,14 +423,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found) -> Result:
         "num_workers": cluster.num_workers,
         "global_batch_size": gbs,
         "learning_rate": lr,
-        "optimizer": cfg["optimizer"],
-        "accumulate": cfg["accumulate"],
+        "optimizer": optim_.optimizer,
+        "accumulate": optim_.accumulate,
         "effective_batch_size": effective,
-        "clipnorm": cfg["clipnorm"],
-        "precision": cfg["precision"],
+        "clipnorm": optim_.clipnorm,
+        "precision": optim_.precision,
         "loss_scaling": type(optimizer).__name__ == "LossScaleOptimizer",
         "shard_policy": policy,
-        "epochs": cfg["epochs"],
+        "epochs": training.epochs,
         "steps_per_epoch": steps_per_epoch,
         "global_step": state.global_step,
         "resumed_from": resumed_from,

@@ -25,7 +25,8 @@ def _tf_config(workers, index=0, **jobs):
 
 # The run pipeline: the modules that set up, train and finish a run. The CLI
 # (tfdist/train.py) lists launch commands in its docstring and is not one of them.
-PIPELINE = ["tfdist/trainer.py", "tfdist/loop.py", "tfdist/run_types.py", "tfdist/run_dir.py",
+PIPELINE = ["tfdist/trainer.py", "tfdist/loop.py", "tfdist/settings.py", "tfdist/run_types.py",
+            "tfdist/run_dir.py",
             "tfdist/callbacks.py", "tfdist/checkpoint.py", "tfdist/model_dir.py"]
 
 

@@ -81,8 +81,9 @@ class CoordinatorLoop(loop.Loop):
         cfg, cluster = run.cfg, run.cluster
         recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
         num_workers = len(cluster.tf_config["cluster"]["worker"])
-        straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
-        loop.start_tensorflow(cfg)
+        slow = run.settings.instrumentation
+        straggler.check(slow.straggler_delay_ms, slow.straggler_worker, num_workers)
+        loop.start_tensorflow(run.settings)
         if cluster.task_type in ("worker", "ps"):
             from tfdist.ps import server
 
@@ -92,4 +93,4 @@ class CoordinatorLoop(loop.Loop):
                                "parameter-server training; valid: chief, worker, ps.")
         from tfdist.ps import coordinator
 
-        return coordinator.train(run.recipe, cfg, cluster, run.model_dir)
+        return coordinator.train(run.recipe, cfg, cluster, run.model_dir, run.settings)

@@ -53,7 +53,7 @@ def _is_ps_error(error) -> bool:
     return "/job:ps" in str(error) or type(error).__name__ == "PSUnavailableError"
 
 
-def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
+def train(recipe, cfg: dict, cluster, model_dir: str | None = None, settings=None):
     """Trains `recipe` asynchronously from the chief of a PS cluster.
 
     Args:
@@ -61,6 +61,8 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
         cfg: The merged configuration.
         cluster: ClusterInfo of the chief.
         model_dir: Where the chief writes (default: `model_dir_for(cfg, ...)`).
+        settings: `cfg` as typed sections (read from `cfg` when None); `cfg`
+            itself goes to the recipe's functions and the backup's record.
 
     Returns:
         A `tfdist.run_types.Result`; the chief also writes MODEL_DIR/model.keras
@@ -73,29 +75,33 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
 
     from tfdist import straggler
 
-    loop.set_up(cfg)  # as the fit loop; float16 losses are scaled in `step` below
+    from tfdist.settings import Settings
+
+    settings = settings or Settings.of(cfg)
+    training, optim_, backup_s = settings.training, settings.optimization, settings.backup
+    slow = settings.instrumentation
+    loop.set_up(settings)  # as the fit loop; float16 losses are scaled in `step` below
     spec = cluster.tf_config["cluster"]
     workers = spec["worker"]
     # Before the strategy opens channels to the tasks: a worker whose host
     # vanishes must fail its pending step, not hold it for ~15 minutes.
     grpc_keepalive.apply()
-    options = strategies.StrategyOptions(ps_shards=cfg["ps_shards"],
-                                         min_shard_bytes=cfg["min_shard_bytes"])
+    options = settings.adapter
     strategy = strategies.build_strategy("parameter_server", cluster, options)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
-    gbs = cfg["global_batch_size"]
-    lr = data.scale_learning_rate(cfg["learning_rate"], gbs, cfg["base_batch_size"] or gbs,
-                                  cfg["lr_scaling"])
+    gbs = training.global_batch_size
+    lr = data.scale_learning_rate(optim_.learning_rate, gbs, optim_.base_batch_size or gbs,
+                                  optim_.lr_scaling)
     train_source = recipe_lib.build_dataset(recipe, cfg, "train")
     train_unbatched = data.as_source(train_source).dataset
     num_examples = data.count_elements(train_unbatched)
-    steps_per_epoch = cfg["steps_per_epoch"] or max(1, num_examples // gbs)
+    steps_per_epoch = training.steps_per_epoch or max(1, num_examples // gbs)
     _log(loop.run_line({
         "recipe": recipe.RECIPE_NAME, "strategy": "parameter_server", "workers": len(workers),
         "ps": len(spec["ps"]), "batch_per_step": gbs, "steps_per_epoch": steps_per_epoch,
-        "learning_rate": lr, "precision": cfg["precision"], "ps_shards": cfg["ps_shards"],
-        "straggler": f"{cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}"}))
+        "learning_rate": lr, "precision": optim_.precision, "ps_shards": options.ps_shards,
+        "straggler": f"{slow.straggler_delay_ms}ms@worker{slow.straggler_worker}"}))
 
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
@@ -108,15 +114,15 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
         model.compute_loss(x=x0, y=y0, y_pred=model(x0, training=False), training=False)
         optimizer.build(model.trainable_variables)
 
-    shuffle_buffer, seed, num_workers = cfg["shuffle_buffer"], cfg["seed"], len(workers)
+    shuffle_buffer, seed, num_workers = training.shuffle_buffer, training.seed, len(workers)
 
     model_dir = model_dir or model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     check_free_space(model_dir, cluster, model, optimizer)
-    store = BackupStore(model_dir, cluster.is_chief, keep=cfg["keep"])
+    store = BackupStore(model_dir, cluster.is_chief, keep=backup_s.keep)
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs,
-            "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}  # for reruns
+            "config": run_dir.run_config(cfg), "epochs": training.epochs}  # for reruns
     # Assignments inside the scope go to the ps tasks.
-    restored, latest = store.resume(cfg["resume"], meta, model.variables, optimizer.variables,
+    restored, latest = store.resume(backup_s.resume, meta, model.variables, optimizer.variables,
                                     strategy.scope)
     state = restored or TrainState(history={"loss": []})
     if restored:
@@ -139,7 +145,7 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
         return strategy.distribute_datasets_from_function(dataset_fn)
 
     iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
-    delay_ms, slow_worker = cfg["straggler_delay_ms"], cfg["straggler_worker"]
+    delay_ms, slow_worker = slow.straggler_delay_ms, slow.straggler_worker
 
     @tf.function
     def step(iterator):
@@ -165,19 +171,20 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
 
     # Keras's TensorBoard callback, driven by this loop as fit drives it (chief only).
     tensorboard = (callbacks.make_tensorboard(os.path.join(model_dir, "logs"), cluster.is_chief)
-                   if cfg["tensorboard"] else None)
+                   if settings.logs.tensorboard else None)
     if tensorboard is not None:
         tensorboard.set_model(model)
         tensorboard.on_train_begin()
     # The same chief-only history.csv the fit loop writes, rewritten each epoch.
     csv_log = (callbacks.make_csv_logger(os.path.join(model_dir, "history.csv"),
-                                         cluster.is_chief, state) if cfg["csv_log"] else None)
+                                         cluster.is_chief, state) if settings.logs.csv_log
+               else None)
     history = state.history
     steps_per_worker = [0] * num_workers
     lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
     start = time.perf_counter()
     try:
-        for epoch in range(state.epoch, cfg["epochs"]):
+        for epoch in range(state.epoch, training.epochs):
             results = [coordinator.schedule(step, args=(iterator,))
                        for _ in range(steps_per_epoch)]
             coordinator.join()
@@ -191,7 +198,7 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
                     lost[i] = epoch
                     _log(f"worker {i} at {address} is unreachable; the coordinator re-runs "
                          "its steps on the other workers and training goes on")
-            _log(f"epoch {epoch + 1}/{cfg['epochs']} loss={history['loss'][-1]:.4f} "
+            _log(f"epoch {epoch + 1}/{training.epochs} loss={history['loss'][-1]:.4f} "
                  f"steps_per_worker={steps_per_worker} lost_workers={sorted(lost)}")
             state.epoch, state.global_step = epoch + 1, state.global_step + steps_per_epoch
             if tensorboard is not None:
@@ -220,11 +227,11 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None):
         "strategy": "parameter_server",
         "num_workers": num_workers,
         "num_ps": len(spec["ps"]),
-        "ps_shards": cfg["ps_shards"],
-        "precision": cfg["precision"],
+        "ps_shards": options.ps_shards,
+        "precision": optim_.precision,
         "global_batch_size": gbs,
         "learning_rate": lr,
-        "epochs": cfg["epochs"],
+        "epochs": training.epochs,
         "steps": total_steps,
         "global_step": state.global_step,
         "steps_per_worker": steps_per_worker,

@@ -55,6 +55,22 @@ class StrategyOptions:
     startup_timeout_s: float = 300.0
     grad_compression: str = "none"
 
+# The options adapters accept (`Adapter.accepts`) -> the StrategyOptions field
+# each fills: the adapters' own section of the configuration.
+OPTION_FIELDS: dict[str, str] = {
+    "devices": "devices", "collective": "collective", "collective_timeout_s": "timeout_s",
+    "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
+    "microbatches": "microbatches", "placement": "placement", "ps_shards": "ps_shards",
+    "min_shard_bytes": "min_shard_bytes"}
+
+
+def options_from(cfg) -> StrategyOptions:
+    """Pure function: the StrategyOptions of a merged configuration (devices 0: None)."""
+    values = {field: cfg[key] for key, field in OPTION_FIELDS.items()}
+    values["devices"] = values["devices"] or None
+    return StrategyOptions(**values)
+
+
 class Hooks:
     """What an adapter may change in the trainer; these defaults change nothing.
 
@@ -441,7 +457,7 @@ def build(name: str, cluster=None, options: StrategyOptions | None = None,
 
 __all__ = ["ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks", "ProcessReplicaHooks",
            "StrategyOptions", "accepting", "adapter_class", "build", "build_hooks",
-           "build_strategy", "check_available", "check_name", "choose", "has_ps_tasks",
+           "build_strategy", "OPTION_FIELDS", "options_from", "check_available", "check_name", "choose", "has_ps_tasks",
            "possible_names", "refusal", "refused_by", "register", "resolve_name", "valid_names"]
 
 # Importing the adapters registers them (in this order, the order `valid_names` lists).
