@@ -76,9 +76,11 @@ def build_optimizer(cfg, learning_rate):
 
 
 def callbacks(cfg):
-    """Extra Keras callbacks for fit. They run on EVERY worker: print or write
-    files only where cfg["is_chief"] (tfdist's own backups, metrics.json and
-    history.csv are already chief-only)."""
+    """Extra Keras callbacks for fit. They run on EVERY worker: print only where
+    cfg["is_chief"], and write files through cfg["writer"] (the run's chief-only
+    writer: cfg["writer"].write_text("notes.txt", text) writes on the chief,
+    atomically, and nothing elsewhere; tfdist's own backups, metrics.json and
+    history.csv go through it too)."""
     import keras
 
     class EpochNote(keras.callbacks.Callback):

@@ -55,14 +55,65 @@ def test_atomic_path_leaves_nothing_on_error(tmp_path):
 def test_non_chief_writes_nothing(tmp_path):
     assert ChiefWriter(str(tmp_path), is_chief=False).write_json("m.json", {}) is None
     model, opt = _vars()
-    assert BackupStore(str(tmp_path), is_chief=False).save(TrainState(), model, opt, META) is None
+    assert BackupStore(ChiefWriter(str(tmp_path), False)).save(TrainState(), model, opt, META) is None
     assert os.listdir(tmp_path) == []
     path = ChiefWriter(str(tmp_path), is_chief=True).write_json("m.json", {"a": 1})
     assert json.load(open(path)) == {"a": 1} and os.stat(path).st_mode & 0o044
 
 
+class _Model:
+    """Stands in for a Keras model: `save` writes one file (Keras wants the .keras name)."""
+
+    def save(self, path):
+        assert path.endswith(".keras")
+        open(path, "w").write("weights")
+
+
+def _every_write(writer, store):
+    """Every kind of write a run makes, through `writer` (and the store that takes it)."""
+    model, opt = _vars()
+    with writer.claim(lambda m: None):
+        return [writer.write_json("metrics.json", {"a": 1}),
+                writer.write_text("history.csv", "epoch,loss\n0,1.0\n"),
+                writer.save_model(_Model()),
+                writer.log_dir("logs"),
+                store.save(TrainState(global_step=3), model, opt, META),
+                store.save(TrainState(global_step=4), model, opt, META),
+                writer.move_aside("history.csv", ".old")]
+
+
+def test_writer_on_a_worker_writes_creates_and_removes_nothing(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    writer = ChiefWriter(str(tmp_path / "m"), is_chief=False)
+    assert _every_write(writer, BackupStore(writer, keep=1)) == [None] * 7
+    writer.remove(str(tmp_path / "keep.txt"))
+    assert os.listdir(tmp_path) == ["keep.txt"]  # not even the model dir was created
+
+
+def test_writer_on_the_chief_writes_everything_atomically(tmp_path):
+    writer = ChiefWriter(str(tmp_path / "m"), is_chief=True)
+    store = BackupStore(writer, keep=1)
+    paths = _every_write(writer, store)
+    assert paths[0] == str(tmp_path / "m" / "metrics.json")
+    assert json.load(open(paths[0])) == {"a": 1}
+    assert open(paths[2]).read() == "weights" and os.path.isdir(paths[3])
+    assert store.paths() == [paths[5]]  # keep=1: the older backup was removed by the writer
+    assert open(paths[6]).read().startswith("epoch,loss")
+    assert sorted(os.listdir(tmp_path / "m")) == [
+        ".tfdist.lock", "backup", "history.csv.old", "logs", "metrics.json", "model.keras"]
+    assert os.listdir(tmp_path / "m" / "backup") == [os.path.basename(paths[5])]  # no temp left
+    # A write that fails half-way leaves the previous file, and no temporary, behind.
+    with pytest.raises(RuntimeError):
+        writer.write_file("metrics.json", lambda tmp: (open(tmp, "w").write("{half"),
+                                                       (_ for _ in ()).throw(RuntimeError())))
+    assert json.load(open(paths[0])) == {"a": 1}
+    assert sorted(os.listdir(tmp_path / "m"))[-2:] == ["metrics.json", "model.keras"]
+    writer.remove("backup")
+    assert not os.path.exists(store.directory)
+
+
 def test_save_load_restore_roundtrip_and_keep(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True, keep=2)
+    store = BackupStore(ChiefWriter(str(tmp_path), True), keep=2)
     model, opt = _vars(1.0)
     for step in (5, 10, 15):
         state = TrainState(epoch=step // 10, step_in_epoch=step % 10, global_step=step,
@@ -82,7 +133,7 @@ def test_save_load_restore_roundtrip_and_keep(tmp_path):
 
 
 def test_truncated_backup_is_a_clear_error(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars()
     path = store.save(TrainState(global_step=3), model, opt, META)
     data = open(path, "rb").read()
@@ -93,7 +144,7 @@ def test_truncated_backup_is_a_clear_error(tmp_path):
 
 
 def test_flipped_bytes_fail_the_checksum(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars()
     path = store.save(TrainState(global_step=3), model, opt, META)
     record, arrays = store.load(path)
@@ -112,7 +163,7 @@ def test_flipped_bytes_fail_the_checksum(tmp_path):
     ({"global_batch_size": 32}, r"global_batch_size=64 but this run has global_batch_size=32"),
 ])
 def test_foreign_backup_is_refused(tmp_path, over, message):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars()
     path = store.save(TrainState(), model, opt, META)
     record, _ = store.load(path)
@@ -121,7 +172,7 @@ def test_foreign_backup_is_refused(tmp_path, over, message):
 
 
 def test_other_replica_count_and_strategy_resume(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars()
     store.save(TrainState(epoch=1, global_step=5), model, opt, META)
     fresh, fresh_opt = _vars(scale=0.0)
@@ -132,7 +183,7 @@ def test_other_replica_count_and_strategy_resume(tmp_path):
 
 
 def test_model_shape_mismatch_is_refused(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars()
     path = store.save(TrainState(), model, opt, META)
     record, _ = store.load(path)
@@ -176,7 +227,7 @@ def test_preemption_check_period():
 
 
 def test_resume_restores_or_clears(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars(2.0)
     assert store.resume(True, META, model, opt) == (None, None)  # nothing to resume
     path = store.save(TrainState(epoch=1, global_step=22), model, opt, META)
@@ -184,7 +235,7 @@ def test_resume_restores_or_clears(tmp_path):
     state, got = store.resume(True, META, fresh, fresh_opt)
     assert got == path and state.global_step == 22 and float(fresh[1].value[0]) == 2.0
     # A non-chief never deletes; the chief does, and says what it removed.
-    assert BackupStore(str(tmp_path), is_chief=False).resume(False, META, model, opt) == (
+    assert BackupStore(ChiefWriter(str(tmp_path), False)).resume(False, META, model, opt) == (
         None, path)
     assert os.path.exists(path)
     assert store.resume(False, META, model, opt) == (None, path)
@@ -192,14 +243,14 @@ def test_resume_restores_or_clears(tmp_path):
 
 
 def test_resume_falls_back_past_a_corrupt_newest_backup(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars(2.0)
     good = store.save(TrainState(epoch=1, global_step=22), model, opt, META)
     bad = store.save(TrainState(epoch=2, global_step=44), *_vars(3.0), META)
     open(bad, "r+b").truncate(500)
     fresh, fresh_opt = _vars(0.0)
     # A non-chief falls back the same way and moves nothing.
-    follower = BackupStore(str(tmp_path), is_chief=False)
+    follower = BackupStore(ChiefWriter(str(tmp_path), False))
     assert follower.resume(True, META, *_vars(0.0))[1] == good and os.path.exists(bad)
     state, got = store.resume(True, META, fresh, fresh_opt)
     assert got == good and state.global_step == 22 and float(fresh[1].value[0]) == 2.0
@@ -209,7 +260,7 @@ def test_resume_falls_back_past_a_corrupt_newest_backup(tmp_path):
 
 
 def test_all_backups_corrupt_is_an_error_and_nothing_is_moved(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     path = store.save(TrainState(epoch=1, global_step=22), *_vars(), META)
     open(path, "r+b").truncate(500)
     with pytest.raises(CheckpointError, match="is corrupt or truncated"):

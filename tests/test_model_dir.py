@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO, clean_env
 from tfdist import model_dir
-from tfdist.checkpoint import BackupStore, TrainState, atomic_path
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, atomic_path
 from tfdist.errors import StorageError
 
 HOLD = ("import sys, time; from tfdist import model_dir; "
@@ -45,14 +45,14 @@ def test_killed_holders_lock_is_taken_over(tmp_path):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     logs = []
-    with model_dir.claim(str(tmp_path), True, logs.append) as lock:
+    with ChiefWriter(str(tmp_path), True).claim(logs.append) as lock:
         assert lock.previous["pid"] == holder.pid
         record = json.load(open(tmp_path / model_dir.LOCK_NAME))
         assert record["pid"] == os.getpid()
     assert any(f"pid {holder.pid}" in m and "no longer running" in m for m in logs)
     # Released cleanly: the next claim has nothing to take over.
     logs.clear()
-    with model_dir.claim(str(tmp_path), True, logs.append) as lock:
+    with ChiefWriter(str(tmp_path), True).claim(logs.append) as lock:
         assert lock.previous is None and not logs
 
 
@@ -66,7 +66,7 @@ def test_lock_released_when_the_holder_ends(tmp_path):
 
 
 def test_non_chief_claims_nothing(tmp_path):
-    with model_dir.claim(str(tmp_path / "m"), False) as lock:
+    with ChiefWriter(str(tmp_path / "m"), False).claim() as lock:
         assert lock is None
     assert not (tmp_path / "m").exists()
 
@@ -80,7 +80,7 @@ def test_stale_temporaries_are_removed_and_others_kept(tmp_path):
     for p in stale + kept:
         p.write_bytes(b"x")
     logs = []
-    with model_dir.claim(str(tmp_path), True, logs.append):
+    with ChiefWriter(str(tmp_path), True).claim(logs.append):
         pass
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in kept)
@@ -131,7 +131,7 @@ def test_pruning_tolerates_backups_already_gone(tmp_path, monkeypatch):
             import numpy as np
             return np.zeros(1, "float32")
 
-    store = BackupStore(str(tmp_path), True, keep=1)
+    store = BackupStore(ChiefWriter(str(tmp_path), True), keep=1)
     store.save(TrainState(global_step=1), [V()], [], {})
     real_paths = store.paths
     # Another process removed the old backup between listing and removing.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tfdist import config, run_dir
-from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def _backup(model_dir, cfg, epoch, step_in_epoch=0):
                        global_step=epoch * 10 + step_in_epoch)
     meta = {"recipe": "r", "num_replicas": 1, "global_batch_size": 64,
             "config": run_dir.run_config(cfg), "epochs": cfg["epochs"]}
-    return BackupStore(str(model_dir), True).save(state, [_Var([1.0])], [], meta)
+    return BackupStore(ChiefWriter(str(model_dir), True)).save(state, [_Var([1.0])], [], meta)
 
 
 def test_default_model_dir_is_one_per_launch_shape():

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 
-from tfdist.checkpoint import BackupStore, TrainState, atomic_write_text
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 
 
 def _keras_callback():
@@ -76,30 +75,30 @@ def make_backup_callback(store: BackupStore, state: TrainState, meta: dict, *,
     return BackupCallback()
 
 
-def make_csv_logger(path: str, is_chief: bool, state: TrainState):
-    """Chief-only CSV of the per-epoch history, rewritten atomically each epoch."""
+def make_csv_logger(writer: ChiefWriter, state: TrainState, name: str = "history.csv"):
+    """CSV of the per-epoch history, rewritten atomically each epoch by `writer` (chief only)."""
     base = _keras_callback()
 
     class CSVHistory(base):
         def on_epoch_end(self, epoch, logs=None):
-            if not is_chief or not state.history:
+            if not state.history:
                 return
             keys = sorted(state.history)
             buf = io.StringIO()
-            writer = csv.writer(buf)
-            writer.writerow(["epoch", *keys])
+            rows = csv.writer(buf)
+            rows.writerow(["epoch", *keys])
             for i in range(len(state.history[keys[0]])):
-                writer.writerow([i, *(state.history[k][i] for k in keys)])
-            atomic_write_text(path, buf.getvalue())
+                rows.writerow([i, *(state.history[k][i] for k in keys)])
+            writer.write_text(name, buf.getvalue())
 
     return CSVHistory()
 
 
-def make_tensorboard(log_dir: str, is_chief: bool):
-    """Keras's TensorBoard callback on the chief; None elsewhere."""
-    if not is_chief:
+def make_tensorboard(writer: ChiefWriter, name: str = "logs"):
+    """Keras's TensorBoard callback logging to `writer`'s MODEL_DIR/logs on the chief; None elsewhere."""
+    log_dir = writer.log_dir(name)
+    if log_dir is None:
         return None
     import keras
 
-    os.makedirs(log_dir, exist_ok=True)
     return keras.callbacks.TensorBoard(log_dir=log_dir)

@@ -1,9 +1,10 @@
-"""The one chief-only writer, and atomic file writes.
+"""The one chief-only writer, atomic file writes, and backups.
 
 Every file tfdist writes into a model directory goes through `ChiefWriter`:
 on the chief it writes to a temporary name in the same directory and renames
 it into place (so a crash never leaves a half-written file that a later run
-would load); on every other worker it writes nothing.
+would load); on every other worker it writes nothing. `BackupStore` and the
+callbacks in `tfdist.callbacks` take the run's writer instead of `is_chief`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import tempfile
 
 import numpy as np
 
+from tfdist import model_dir as model_dir_lib
 from tfdist.errors import CheckpointError, StorageError, describe_os_error
+from tfdist.model_dir import BACKUP_DIR
 
 
 @contextlib.contextmanager
@@ -56,14 +59,21 @@ def atomic_path(path: str, suffix: str = ""):
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Writes `text` to `path` atomically."""
+    """Writes `text` to `path` atomically (for files outside a model dir: bench, status)."""
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
 
 
 class ChiefWriter:
-    """Writes into `model_dir` on the chief only.
+    """The one chief-only writer: every file a run puts in its model dir goes through it.
+
+    Built once per run from `ClusterInfo.is_chief` and the model dir, and
+    handed to whatever writes (backups, the model, metrics.json, history.csv,
+    TensorBoard logs, recipe callbacks), so the chief-only gate lives here
+    and nowhere else. On the chief each file is written to a temporary name
+    beside it and renamed into place (`atomic_path`); on every other worker
+    nothing is written, created or removed.
 
     Args:
         model_dir: Directory that receives the job's outputs.
@@ -75,25 +85,92 @@ class ChiefWriter:
         self.is_chief = is_chief
 
     def path(self, name: str) -> str:
-        """Absolute path of `name` inside the model dir."""
+        """Path of `name` (relative to the model dir, or absolute inside it)."""
         return os.path.join(self.model_dir, name)
 
-    def write_json(self, name: str, obj) -> str | None:
-        """Writes `obj` as JSON (chief only); returns the path written or None."""
+    @contextlib.contextmanager
+    def claim(self, log=print):
+        """Chief: probes, locks and cleans the model dir for the run (`model_dir.claim`).
+
+        Yields the lock on the chief, None elsewhere.
+        """
+        if not self.is_chief:
+            yield None
+            return
+        with model_dir_lib.claim(self.model_dir, log) as lock:
+            yield lock
+
+    def write_file(self, name: str, write, suffix: str = "") -> str | None:
+        """Chief: `write(tmp_path)` fills a temporary file that is then renamed onto `name`.
+
+        Args:
+            name: The file, relative to the model dir.
+            write: Called with the temporary path to write.
+            suffix: Kept at the end of the temporary name (Keras insists on ".keras").
+
+        Returns:
+            The path written, or None on other workers.
+
+        Raises:
+            StorageError: one line naming the path and errno.
+        """
         if not self.is_chief:
             return None
         path = self.path(name)
-        atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        with atomic_path(path, suffix=suffix) as tmp:
+            write(tmp)
         return path
 
+    def write_text(self, name: str, text: str) -> str | None:
+        """Chief: writes `text` atomically; returns the path or None."""
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+
+        return self.write_file(name, write)
+
+    def write_json(self, name: str, obj) -> str | None:
+        """Chief: writes `obj` as JSON atomically; returns the path or None."""
+        return self.write_text(name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
     def save_model(self, model, name: str = "model.keras") -> str | None:
-        """Saves a Keras model (chief only), atomically; returns the path or None."""
+        """Chief: saves a Keras model atomically; returns the path or None."""
+        return self.write_file(name, model.save, suffix=".keras")
+
+    def move_aside(self, name: str, suffix: str) -> str | None:
+        """Chief: renames `name` to `name + suffix` (nothing if it is gone); returns the new path."""
         if not self.is_chief:
             return None
         path = self.path(name)
-        # Keras insists on the ".keras" extension, so the temp name keeps it.
-        with atomic_path(path, suffix=".keras") as tmp:
-            model.save(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(path, path + suffix)
+        return path + suffix
+
+    def remove(self, name: str) -> None:
+        """Chief: removes a file (or, for a directory, the whole tree); gone already is fine."""
+        if not self.is_chief:
+            return
+        path = self.path(name)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
+    def log_dir(self, name: str = "logs") -> str | None:
+        """Chief: creates and returns the directory for a streaming log (TensorBoard); None elsewhere.
+
+        Event files are appended to as training goes, so unlike every other
+        file they cannot be renamed into place: they are written on the chief
+        only, and a reader sees them grow.
+        """
+        if not self.is_chief:
+            return None
+        path = self.path(name)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise StorageError(describe_os_error(e, path)) from None
         return path
 
 
@@ -109,7 +186,6 @@ class ChiefWriter:
 # read from mirrored variables locally, which needs no collective, so other
 # workers never write anything, not even to a temporary place.
 
-BACKUP_DIR = "backup"
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
 CORRUPT_SUFFIX = ".corrupt"  # a backup that failed to load, moved aside by the chief
@@ -156,17 +232,19 @@ def _digest(arrays: dict) -> str:
 
 
 class BackupStore:
-    """The backups of one model dir: save (chief only), list, load, validate.
+    """The backups of one model dir: save, list, load, validate.
+
+    Every worker reads; every write (save, prune, move aside, clear) goes
+    through the run's `ChiefWriter`, so only the chief writes.
 
     Args:
-        model_dir: The job's model dir; backups go to MODEL_DIR/backup.
-        is_chief: Only the chief writes.
+        writer: The run's ChiefWriter; backups go to MODEL_DIR/backup.
         keep: How many of the newest backups to keep (older ones are removed).
     """
 
-    def __init__(self, model_dir: str, is_chief: bool, keep: int = 3):
-        self.directory = os.path.join(model_dir, BACKUP_DIR)
-        self.is_chief = is_chief
+    def __init__(self, writer: ChiefWriter, keep: int = 3):
+        self.writer = writer
+        self.directory = writer.path(BACKUP_DIR)
         self.keep = max(1, keep)
         self.skipped: list[tuple[str, str]] = []  # (path, why) passed over by `resume`
         self.record: dict | None = None  # the meta record `resume` restored from
@@ -198,8 +276,8 @@ class BackupStore:
             meta: What identifies the run (recipe, global_batch_size, ...) and
                 what ran it (strategy, num_replicas), recorded as given.
         """
-        if not self.is_chief:
-            return None
+        if not self.writer.is_chief:
+            return None  # not even the arrays are read: nothing to write them to
         arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(model_vars)}
         arrays.update({f"opt_{i}": np.asarray(v.numpy()) for i, v in enumerate(optimizer_vars)})
         record = {**meta, "format": BACKUP_FORMAT, "state": dataclasses.asdict(state),
@@ -207,13 +285,13 @@ class BackupStore:
                   "optimizer_signature": signature(optimizer_vars),
                   "sha256": _digest(arrays)}
         arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
-        path = self.path_for(state.global_step)
-        with atomic_path(path, suffix=_SUFFIX) as tmp:
+        def write(tmp):
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
+
+        path = self.writer.write_file(self.path_for(state.global_step), write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:
-            with contextlib.suppress(FileNotFoundError):  # removed already: nothing to do
-                os.remove(old)
+            self.writer.remove(old)
         return path
 
     @staticmethod
@@ -314,8 +392,7 @@ class BackupStore:
         """
         paths = self.paths()
         if paths and not enabled:
-            if self.is_chief:
-                shutil.rmtree(self.directory)
+            self.writer.remove(self.directory)
             return None, paths[-1]
         self.skipped = []
         for path in reversed(paths):
@@ -329,9 +406,7 @@ class BackupStore:
                 raise CheckpointError(self.skipped[0][1])  # nothing good to fall back to
             return None, None
         for bad, _ in self.skipped:
-            if self.is_chief:
-                with contextlib.suppress(FileNotFoundError):
-                    os.replace(bad, bad + CORRUPT_SUFFIX)
+            self.writer.move_aside(bad, CORRUPT_SUFFIX)
         self.check_compatible(path, record, {
             **meta, "model_signature": signature(model_vars),
             "optimizer_signature": signature(optimizer_vars)}, batch_change_ok)

@@ -27,7 +27,8 @@ class Run:
         recipe: The loaded recipe module.
         cfg: The merged, checked configuration.
         cluster: This process's ClusterInfo.
-        model_dir: The model dir (claimed by the chief).
+        writer: The run's one chief-only writer (`checkpoint.ChiefWriter`): every
+            file in the model dir goes through it; the chief has claimed the dir.
         choice: The `tfdist.strategies.Choice` of adapters `--strategy` may become.
         callbacks: Extra Keras callbacks from the caller (`fit` loops).
         found: What the model dir holds (`tfdist.run_dir.Found`).
@@ -37,7 +38,7 @@ class Run:
     recipe: object
     cfg: dict
     cluster: object
-    model_dir: str
+    writer: ChiefWriter
     choice: object
     callbacks: list = dataclasses.field(default_factory=list)
     found: object = None
@@ -48,6 +49,11 @@ class Run:
             from tfdist.settings import Settings
 
             self.settings = Settings.of(self.cfg)
+
+    @property
+    def model_dir(self) -> str:
+        """The model dir."""
+        return self.writer.model_dir
 
 
 class Loop:
@@ -106,14 +112,14 @@ def set_up(settings, cpu_devices: int | None = None) -> None:
     keras.mixed_precision.set_global_policy(settings.optimization.precision)
 
 
-def finish(model, test_ds, metrics: dict, model_dir: str, cluster) -> dict:
+def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster) -> dict:
     """Evaluates, then the chief writes the model and metrics.json (atomically).
 
     Args:
         model: The trained model (compiled; evaluated on every process that calls this).
         test_ds: The batched test dataset.
         metrics: The loop's metrics; "test" is added.
-        model_dir: Where the chief writes.
+        writer: The run's chief-only writer.
         cluster: This process's ClusterInfo.
 
     Returns:
@@ -121,7 +127,6 @@ def finish(model, test_ds, metrics: dict, model_dir: str, cluster) -> dict:
     """
     evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
     metrics = {**metrics, "test": {k: float(v) for k, v in evaluation.items()}}
-    writer = ChiefWriter(model_dir, cluster.is_chief)
     writer.save_model(model)
     path = writer.write_json("metrics.json", metrics)
     if path:

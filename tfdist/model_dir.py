@@ -1,9 +1,10 @@
 """One job per model dir, and a model dir checked before training starts.
 
-`claim(model_dir, is_chief)` is what the chief does before TensorFlow builds
-anything: create the dir (and its `backup/`), probe that it can write there,
-take the dir's lock and remove the temporary files a killed job left. Other
-workers do nothing here: only the chief writes.
+`claim(model_dir)` is what the chief does before TensorFlow builds anything:
+create the dir (and its `backup/`), probe that it can write there, take the
+dir's lock and remove the temporary files a killed job left. The run's
+`checkpoint.ChiefWriter.claim` calls it on the chief only; other workers do
+nothing here.
 
 The lock is an advisory `flock` on MODEL_DIR/.tfdist.lock, held by the chief
 for the whole run, and the file records who holds it (host, pid, start time),
@@ -29,10 +30,10 @@ import os
 import re
 import socket
 
-from tfdist.checkpoint import BACKUP_DIR
 from tfdist.errors import ConfigError, StorageError, describe_os_error
 
 LOCK_NAME = ".tfdist.lock"
+BACKUP_DIR = "backup"  # MODEL_DIR/backup: the training-state backups (`checkpoint.BackupStore`)
 # The names `checkpoint.atomic_path` writes before renaming: ".NAME.XXXXXXXX.tmp[.ext]".
 _TMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?$")
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
@@ -192,21 +193,17 @@ def _describe(holder: dict) -> str:
 
 
 @contextlib.contextmanager
-def claim(model_dir: str, is_chief: bool, log=print):
-    """Probes, locks and cleans `model_dir` for the chief; a no-op elsewhere.
+def claim(model_dir: str, log=print):
+    """Probes, locks and cleans `model_dir`; the chief calls it (`ChiefWriter.claim`).
 
     Args:
         model_dir: The job's model dir.
-        is_chief: Only the chief claims it.
         log: Where to say what was taken over or removed.
 
     Raises:
         StorageError: when the dir cannot be created or written.
         ModelDirBusyError: when another job holds it.
     """
-    if not is_chief:
-        yield None
-        return
     probe(model_dir)
     lock = ModelDirLock(model_dir)
     lock.acquire()

@@ -15,7 +15,9 @@ A recipe is a small Python module with:
   --clipnorm, --accumulate, --warmup-steps); `learning_rate` is already
   scaled by --lr-scaling;
 * optionally ``callbacks(cfg)``: extra Keras callbacks for `fit`, run on
-  every worker (write files only where `cfg["is_chief"]`);
+  every worker (write files through `cfg["writer"]`, the run's chief-only
+  writer, e.g. `cfg["writer"].write_text("notes.txt", text)`; print only
+  where `cfg["is_chief"]`);
 * optionally ``train_step(model, data)``: one training step, as the body of
   Keras 3's `Model.train_step(self, data)` (forward, loss, gradients,
   `model.optimizer.apply`, metrics); returns the logs dict. It runs on every
@@ -164,11 +166,15 @@ def build_optimizer(recipe: ModuleType, cfg: dict, learning_rate: float):
     return optim.build_optimizer(cfg, learning_rate)
 
 
-def callbacks(recipe: ModuleType, cfg: dict, is_chief: bool) -> list:
-    """The recipe's extra `fit` callbacks ([] when it defines none)."""
+def callbacks(recipe: ModuleType, cfg: dict, writer) -> list:
+    """The recipe's extra `fit` callbacks ([] when it defines none).
+
+    The recipe sees `cfg["is_chief"]` (to print once) and `cfg["writer"]`, the
+    run's `checkpoint.ChiefWriter` (to write files: chief only, atomically).
+    """
     if not hasattr(recipe, "callbacks"):
         return []
-    return list(recipe.callbacks({**cfg, "is_chief": is_chief}))
+    return list(recipe.callbacks({**cfg, "is_chief": writer.is_chief, "writer": writer}))
 
 
 def install_train_step(recipe: ModuleType, model) -> None:

@@ -166,11 +166,11 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
     Raises:
         ConfigError: when the recorded configuration differs, naming each option.
     """
-    from tfdist.checkpoint import BackupStore
+    from tfdist.checkpoint import BackupStore, ChiefWriter
 
     if not cfg["resume"]:
         return Found()
-    store = BackupStore(model_dir, is_chief=False)
+    store = BackupStore(ChiefWriter(model_dir, is_chief=False))  # reads only
     paths = store.paths()
     if not paths:
         return Found()

@@ -21,11 +21,10 @@ import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import config, data, optim, straggler, strategies
-from tfdist import model_dir as model_dir_lib
 from tfdist import loop as loop_lib
 from tfdist import ps, run_dir
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, TrainState
+from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError, PeerLostError
 from tfdist.settings import Settings
 # The run types live apart so the parameter-server loop need not import this module.
@@ -184,9 +183,11 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         check_batch_change(found, cfg)
     else:
         found = run_dir.Found()
+    # The run's one writer: every file in the model dir goes through it (chief only).
+    writer = ChiefWriter(model_dir, cluster.is_chief)
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
-    with model_dir_lib.claim(model_dir, cluster.is_chief, lambda m: _log(cluster, m)):
-        run = loop_lib.Run(recipe, cfg, cluster, model_dir, choice, list(callbacks or []),
+    with writer.claim(lambda m: _log(cluster, m)):
+        run = loop_lib.Run(recipe, cfg, cluster, writer, choice, list(callbacks or []),
                            found, Settings.of(cfg))  # the typed view, read once
         return LOOPS[choice.loop].run(run)
 
@@ -253,7 +254,7 @@ class FitLoop(loop_lib.Loop):
     kind = "fit"
 
     def run(self, run: loop_lib.Run) -> Result:
-        return _train(run.recipe, run.cfg, run.cluster, run.callbacks, run.model_dir, run.choice,
+        return _train(run.recipe, run.cfg, run.cluster, run.callbacks, run.writer, run.choice,
                       run.found, run.settings)
 
 
@@ -261,7 +262,8 @@ class FitLoop(loop_lib.Loop):
 LOOPS: dict[str, loop_lib.Loop] = {loop.kind: loop for loop in (FitLoop(), ps.CoordinatorLoop())}
 
 
-def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found, settings) -> Result:
+def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> Result:
+    model_dir = writer.model_dir
     # `cfg` goes to the recipe's functions and the backup's record; the loop reads `settings`.
     training, optim_, logs, backup_s = (settings.training, settings.optimization,
                                         settings.logs, settings.backup)
@@ -330,7 +332,7 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found, settings) 
     check_free_space(model_dir, cluster, model, optimizer)
 
     # --- resume ---------------------------------------------------------
-    store = BackupStore(model_dir, cluster.is_chief, keep=backup_s.keep)
+    store = BackupStore(writer, keep=backup_s.keep)
     # The strategy and replica count are recorded, not matched (see check_compatible).
     meta = {"recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
             "global_batch_size": gbs, "accumulate": optim_.accumulate,
@@ -373,16 +375,14 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found, settings) 
     # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
     # state before anything else runs, and averages metrics before they are recorded.
     callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []),
-                 *recipe_lib.callbacks(recipe, cfg, cluster.is_chief), backup_cb]
+                 *recipe_lib.callbacks(recipe, cfg, writer), backup_cb]
     slow = settings.instrumentation
     if slow.straggler_delay_ms and cluster.worker_index == slow.straggler_worker:
         callbacks.append(straggler.keras_callback(slow.straggler_delay_ms))
     if logs.csv_log:
-        callbacks.append(cb.make_csv_logger(os.path.join(model_dir, "history.csv"),
-                                            cluster.is_chief, state))
+        callbacks.append(cb.make_csv_logger(writer, state))
     if logs.tensorboard:
-        callbacks += [c for c in [cb.make_tensorboard(os.path.join(model_dir, "logs"),
-                                                      cluster.is_chief)] if c]
+        callbacks += [c for c in [cb.make_tensorboard(writer)] if c]
     verbose = config.keras_verbosity(logs.verbose, console.interactive)
     start = time.perf_counter()
     try:
@@ -438,5 +438,5 @@ def _train(recipe, cfg, cluster, callbacks, model_dir, choice, found, settings) 
         "wall_time_s": wall,
         "examples_per_s": counter.steps * gbs / wall if wall > 0 else 0.0,
     }
-    metrics = loop_lib.finish(model, test_ds, metrics, model_dir, cluster)
+    metrics = loop_lib.finish(model, test_ds, metrics, writer, cluster)
     return Result(model=model, metrics=metrics, strategy=strategy, cluster=cluster)

@@ -93,4 +93,4 @@ class CoordinatorLoop(loop.Loop):
                                "parameter-server training; valid: chief, worker, ps.")
         from tfdist.ps import coordinator
 
-        return coordinator.train(run.recipe, cfg, cluster, run.model_dir, run.settings)
+        return coordinator.train(run.recipe, cfg, cluster, run.writer, run.settings)

@@ -21,13 +21,12 @@ synchronous strategies the resumed run is not bitwise the same math).
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
 from tfdist import callbacks, data, loop, run_dir, strategies
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.compat import grpc_keepalive
 from tfdist.errors import ClusterError
 from tfdist.ps.net import reachable
@@ -53,14 +52,14 @@ def _is_ps_error(error) -> bool:
     return "/job:ps" in str(error) or type(error).__name__ == "PSUnavailableError"
 
 
-def train(recipe, cfg: dict, cluster, model_dir: str | None = None, settings=None):
+def train(recipe, cfg: dict, cluster, writer=None, settings=None):
     """Trains `recipe` asynchronously from the chief of a PS cluster.
 
     Args:
         recipe: A loaded recipe (build_model, build_dataset, compile_kwargs).
         cfg: The merged configuration.
         cluster: ClusterInfo of the chief.
-        model_dir: Where the chief writes (default: `model_dir_for(cfg, ...)`).
+        writer: The run's ChiefWriter (default: one for `model_dir_for(cfg, ...)`).
         settings: `cfg` as typed sections (read from `cfg` when None); `cfg`
             itself goes to the recipe's functions and the backup's record.
 
@@ -116,9 +115,11 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None, settings=Non
 
     shuffle_buffer, seed, num_workers = training.shuffle_buffer, training.seed, len(workers)
 
-    model_dir = model_dir or model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
+    writer = writer or ChiefWriter(model_dir_for(cfg, recipe.RECIPE_NAME, cluster),
+                                   cluster.is_chief)
+    model_dir = writer.model_dir
     check_free_space(model_dir, cluster, model, optimizer)
-    store = BackupStore(model_dir, cluster.is_chief, keep=backup_s.keep)
+    store = BackupStore(writer, keep=backup_s.keep)
     meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs,
             "config": run_dir.run_config(cfg), "epochs": training.epochs}  # for reruns
     # Assignments inside the scope go to the ps tasks.
@@ -170,15 +171,12 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None, settings=Non
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
 
     # Keras's TensorBoard callback, driven by this loop as fit drives it (chief only).
-    tensorboard = (callbacks.make_tensorboard(os.path.join(model_dir, "logs"), cluster.is_chief)
-                   if settings.logs.tensorboard else None)
+    tensorboard = callbacks.make_tensorboard(writer) if settings.logs.tensorboard else None
     if tensorboard is not None:
         tensorboard.set_model(model)
         tensorboard.on_train_begin()
     # The same chief-only history.csv the fit loop writes, rewritten each epoch.
-    csv_log = (callbacks.make_csv_logger(os.path.join(model_dir, "history.csv"),
-                                         cluster.is_chief, state) if settings.logs.csv_log
-               else None)
+    csv_log = callbacks.make_csv_logger(writer, state) if settings.logs.csv_log else None
     history = state.history
     steps_per_worker = [0] * num_workers
     lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
@@ -245,5 +243,5 @@ def train(recipe, cfg: dict, cluster, model_dir: str | None = None, settings=Non
     if lost:
         _log(f"finished without lost worker(s) {sorted(lost)}: "
              + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(lost)))
-    metrics = loop.finish(local, test_ds, metrics, model_dir, cluster)
+    metrics = loop.finish(local, test_ds, metrics, writer, cluster)
     return Result(model=local, metrics=metrics, strategy=strategy, cluster=cluster)
