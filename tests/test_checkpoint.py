@@ -8,8 +8,8 @@ import pytest
 
 from tfdist.checkpoint import (BackupStore, ChiefWriter, TrainState, atomic_path, rebatch,
                                signature)
-from tfdist.errors import CheckpointError
-from tfdist.trainer import describe_peer_failure
+from tfdist.errors import CheckpointError, PeerLostError
+from tfdist.trainer import describe_peer_failure, locate_peer
 from tfdist.cluster import detect
 
 
@@ -193,30 +193,41 @@ def test_model_shape_mismatch_is_refused(tmp_path):
         store.check_compatible(path, record, _expected(bigger, bigger_opt))
 
 
-def test_describe_peer_failure_names_the_other_worker():
-    info = detect({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:5000", "127.0.0.1:5001"]}, '
-                                '"task": {"type": "worker", "index": 0}}'})
-    msg = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
-           "information from remote target /job:worker/replica:0/task:1 while calling ...")
-    assert describe_peer_failure(msg, info) == "worker 1 (127.0.0.1:5001)"
-    # Only our own task named: with a single peer, that peer is the one lost.
-    own_only = "/job:worker/replica:0/task:0/device:CPU:0 only"
-    assert describe_peer_failure(own_only, info) == "worker 1 (127.0.0.1:5001)"
+def test_describe_peer_failure_names_the_lost_worker_from_the_engines_fields():
+    info = detect({"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:5000", "127.0.0.1:5001", '
+                                '"127.0.0.1:5002"]}, "task": {"type": "worker", "index": 0}}'})
+    # The shm engine gives a rank; the address comes from the cluster spec.
+    assert describe_peer_failure(PeerLostError("x", rank=2), info) == "worker 2 (127.0.0.1:5002)"
+    assert locate_peer(PeerLostError("x", rank=2), info) == ("worker", 2, "127.0.0.1:5002")
+    # An address the engine gives wins; an unknown job or rank has none.
+    assert describe_peer_failure(PeerLostError("x", rank=1, address="127.0.0.9:7"),
+                                 info) == "worker 1 (127.0.0.9:7)"
+    assert describe_peer_failure(PeerLostError("x", rank=7), info) == "worker 7"
+    assert describe_peer_failure(PeerLostError("x", rank=0, job="chief"), info) == "chief 0"
+    # The message is never read: no rank, no peer (three workers: it could be either).
+    assert describe_peer_failure(PeerLostError("rank 1 exited"), info) is None
+    assert describe_peer_failure(None, info) is None
 
 
 def test_describe_peer_failure_names_the_lost_host_next_to_its_address():
     info = detect({"TF_CONFIG": '{"cluster": {"worker": ["198.18.0.1:5000", "198.18.0.2:5001"]}, '
                                 '"task": {"type": "worker", "index": 0}}'})
-    msg = "unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
     names = {"198.18.0.2": "h1"}
-    assert describe_peer_failure(msg, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
-    assert describe_peer_failure(msg, info, lambda a: None) == "worker 1 (198.18.0.2:5001)"
-    # A timed-out collective names no task: with one peer, it is that one.
-    timeout = "Collective ops is aborted by: Collective has timed out during execution."
-    assert describe_peer_failure(timeout, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
+    lost = PeerLostError("x", rank=1)
+    assert describe_peer_failure(lost, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
+    assert describe_peer_failure(lost, info, lambda a: None) == "worker 1 (198.18.0.2:5001)"
+    # A timed-out collective names no peer: with one peer, it is that one.
+    assert describe_peer_failure(None, info, names.get) == "worker 1 (198.18.0.2:5001, host h1)"
     three = detect({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1", "c:1"]}, '
                                  '"task": {"type": "worker", "index": 0}}'})
-    assert describe_peer_failure(timeout, three, names.get) is None
+    assert describe_peer_failure(None, three, names.get) is None
+
+
+def test_peer_lost_error_carries_the_peer_as_fields():
+    e = PeerLostError("lost contact with worker 1", rank=1, address="127.0.0.1:5001")
+    assert (e.job, e.rank, e.address, e.peer) == ("worker", 1, "127.0.0.1:5001",
+                                                  "worker 1 (127.0.0.1:5001)")
+    assert str(e) == "lost contact with worker 1" and PeerLostError("m").peer is None
 
 
 def test_preemption_check_period():
@@ -291,7 +302,7 @@ def test_layout_mapped_exactly_or_refused_naming_both(written, step, now, ok):
 
 
 def test_batch_change_is_accepted_only_when_asked(tmp_path):
-    store = BackupStore(str(tmp_path), is_chief=True)
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
     model, opt = _vars()
     store.save(TrainState(epoch=1, step_in_epoch=6, global_step=28), model, opt, META)
     with pytest.raises(CheckpointError, match="global_batch_size=64 but this run has "

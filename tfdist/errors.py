@@ -26,11 +26,30 @@ class CheckpointError(ConfigError):
 
 
 class PeerLostError(RuntimeError):
-    """Another worker of the job died or became unreachable."""
+    """Another worker of the job died or became unreachable.
 
-    def __init__(self, message: str, peer: str | None = None):
+    The lost peer travels as fields, never as message text: an engine sets
+    `rank` (and `address` when it knows it), and the trainer fills the
+    address from the cluster. The message stays readable on its own.
+
+    Args:
+        message: What happened and what to do, for the user.
+        rank: The lost peer's index in its job (the worker rank), when known.
+        address: Its "host:port", when known.
+        job: Its job in the cluster spec ("worker", "chief").
+    """
+
+    def __init__(self, message: str, rank: int | None = None, address: str | None = None,
+                 job: str = "worker"):
         super().__init__(message)
-        self.peer = peer
+        self.rank, self.address, self.job = rank, address, job
+
+    @property
+    def peer(self) -> str | None:
+        """'worker 1 (127.0.0.1:5001)', 'worker 1' or None: the lost peer in words."""
+        if self.rank is None:
+            return None
+        return f"{self.job} {self.rank}" + (f" ({self.address})" if self.address else "")
 
 
 class StorageError(ConfigError):

@@ -2,7 +2,8 @@
 
 The signal handler only sets a flag. Workers then agree, at the same step on
 every worker, whether any of them was signalled (a tiny all-reduce every
-`check_every` steps), so all stop after the same step and the chief's backup
+`check_every` steps: `Hooks.any_worker`, on the job's host collectives,
+`tfdist.collectives`), so all stop after the same step and the chief's backup
 is consistent; stopping on one worker alone would leave the others blocked in
 the next collective.
 """
@@ -73,25 +74,3 @@ class PreemptionWatcher:
         for s, handler in self._old.items():
             signal.signal(s, handler)
         self._old = {}
-
-
-def make_agreement(strategy):
-    """`agree(flag) -> bool`: True on every worker when `flag` is True on any of them.
-
-    A collective under multi-process MultiWorkerMirroredStrategy, compiled
-    once as a tf.function (run eagerly, TensorFlow warns "Using
-    CollectiveAllReduceStrategy eagerly has significant overhead" at every
-    call); the identity otherwise.
-    """
-    import tensorflow as tf
-
-    if not (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode()):
-        return lambda flag: flag
-
-    @tf.function
-    def total(value):
-        per_replica = strategy.run(tf.identity, args=(value,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    return lambda flag: float(total(tf.constant(1.0 if flag else 0.0))) > 0

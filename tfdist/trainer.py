@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import time
 
 from tfdist import cluster as cluster_lib
@@ -60,37 +59,39 @@ def check_before_tensorflow(cfg: dict, cluster, choice=None) -> None:
     straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
 
 
-_PEER = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
-_SHM_PEER = re.compile(r"shared-memory engine: rank (\d+)")  # tfdist.shm's PeerLostError
-
-
-def describe_peer_failure(message: str, cluster, name_of=None) -> str | None:
-    """'worker 1 (198.18.0.2:5001, host h1)' from a collective's error, if named.
+def describe_peer_failure(lost, cluster, name_of=None) -> str | None:
+    """'worker 1 (198.18.0.2:5001, host h1)': the lost peer, in words, if known.
 
     Args:
-        message: The collective's error text.
+        lost: The engine's `PeerLostError` with the peer's rank (see
+            `Hooks.lost_peer`), or None when the engine could not tell.
         cluster: This worker's ClusterInfo (its TF_CONFIG has the addresses).
         name_of: address -> host name or None (default `host_name`, a lookup in
             this host's resolver, e.g. /etc/hosts); pure when given.
     """
-    name_of = host_name if name_of is None else name_of
-    for job, task in _PEER.findall(message):
-        task = int(task)
-        if job == cluster.task_type and task == cluster.task_index:
-            continue  # our own device, not the peer
-        addresses = (cluster.tf_config or {}).get("cluster", {}).get(job, [])
-        where = _where(addresses[task], name_of) if task < len(addresses) else ""
-        return f"{job} {task}{where}"
-    for rank in _SHM_PEER.findall(message):
-        addresses = cluster.worker_addresses
-        rank = int(rank)
-        where = _where(addresses[rank], name_of) if rank < len(addresses) else ""
-        return f"worker {rank}{where}"
-    # A collective that timed out names nobody; with one peer it can only be that one.
+    found = locate_peer(lost, cluster)
+    if found is None:
+        return None
+    job, rank, address = found
+    where = _where(address, name_of or host_name) if address else ""
+    return f"{job} {rank}{where}"
+
+
+def locate_peer(lost, cluster) -> tuple[str, int, str | None] | None:
+    """Pure function: (job, rank, address) of the lost peer, from the engine's fields.
+
+    The address comes from the cluster spec when the engine gave only a rank.
+    A collective that timed out names nobody; with one peer it can only be that one.
+    """
+    if lost is not None and lost.rank is not None:
+        addresses = ((cluster.tf_config or {}).get("cluster", {}).get(lost.job)
+                     or (cluster.worker_addresses if lost.job == "worker" else []))
+        address = lost.address or (addresses[lost.rank] if lost.rank < len(addresses) else None)
+        return lost.job, lost.rank, address
     addresses = cluster.worker_addresses
     if cluster.num_workers == 2 and len(addresses) == 2 and cluster.worker_index in (0, 1):
         peer = 1 - cluster.worker_index
-        return f"worker {peer}{_where(addresses[peer], name_of)}"
+        return "worker", peer, addresses[peer]
     return None
 
 
@@ -395,14 +396,17 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
                       steps_per_epoch=steps_per_epoch - state.step_in_epoch,
                       verbose=verbose if cluster.is_chief else 0,
                       callbacks=callbacks, shuffle=False)  # shuffling is data.prepare's job
-    except tf.errors.OpError as e:
+    except (tf.errors.OpError, PeerLostError) as e:
         if not cluster.is_multi_worker:
             raise
-        peer = describe_peer_failure(str(e), cluster)
+        lost = hooks.lost_peer(strategy, e)  # the engine's fields, never its message
+        found = locate_peer(lost, cluster) or (None, None, None)
+        peer = describe_peer_failure(lost, cluster)
         raise PeerLostError(
             f"lost contact with {peer or 'a peer worker'} during training "
             f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). The newest backup is "
-            f"{store.latest() or 'none yet'}; rerun the same command to resume.", peer) from None
+            f"{store.latest() or 'none yet'}; rerun the same command to resume.",
+            rank=found[1], address=found[2], job=found[0] or "worker") from None
     finally:
         watcher.uninstall()
     wall = time.perf_counter() - start

@@ -180,6 +180,18 @@ def test_optimizer_broadcast_callbacks_and_upstream_bugs(venv):
             assert f"CHECK {name} ok rank={rank}" in proc.stdout, (name, rank, tail(proc))
 
 
+def test_host_collectives_and_callbacks_on_two_gloo_ranks(venv):
+    """tests/workers/collectives_checks.py: tfdist.collectives on Horovod, as on shm."""
+    from tests.shm.test_collectives import CHECKS
+
+    proc = horovodrun(venv, 2, "gloo", [os.path.join(WORKERS, "collectives_checks.py"),
+                                        "horovod"])
+    assert "FAIL" not in proc.stdout and proc.returncode == 0, tail(proc, 6000)
+    for name in CHECKS:
+        for rank in (0, 1):
+            assert f"CHECK {name} ok rank={rank}" in proc.stdout, (name, rank, tail(proc))
+
+
 def test_warmup_ramps_from_lr_over_size_to_lr(venv, tmp_path):
     """`--warmup-epochs 1.5` on 2 ranks: per batch lr/2 * (1 + epoch/1.5), then lr."""
     dump = str(tmp_path / "dump")

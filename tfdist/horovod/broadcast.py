@@ -9,9 +9,6 @@ variable's backend value and assigning it back works on Keras 3 and on plain
 
 from __future__ import annotations
 
-# Horovod broadcasts these dtypes only through a same-width signed type.
-_BITCAST = {"uint32": "int32", "uint64": "int64"}
-
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:
     """Sets every variable to its value on `root_rank`.
@@ -23,17 +20,11 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     """
     import tensorflow as tf
 
-    from tfdist.horovod import runtime
+    from tfdist.collectives.horovod import HorovodCollectives
 
-    hvd = runtime.hvd()
-    for i, variable in enumerate(variables):
-        value = tf.convert_to_tensor(getattr(variable, "value", variable))
-        wire = _BITCAST.get(value.dtype.name)
-        if wire:
-            value = tf.bitcast(value, wire)
-        value = hvd.broadcast(value, root_rank, name=f"tfdist_bcast_{i}", ignore_name_scope=True)
-        if wire:
-            value = tf.bitcast(value, variable.dtype)
+    values = HorovodCollectives().broadcast_tensors(
+        [tf.convert_to_tensor(getattr(v, "value", v)) for v in variables], root_rank)
+    for variable, value in zip(variables, values):
         variable.assign(value)
 
 
@@ -51,6 +42,7 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
             (momentum, iterations) exist on every rank and are broadcast too.
         root_rank: The rank whose state wins.
     """
-    from tfdist.allreduce_optimizer import state_variables
+    from tfdist.collectives import keras_callbacks
+    from tfdist.collectives.horovod import HorovodCollectives
 
-    broadcast_variables(state_variables(model, optimizer), root_rank)
+    keras_callbacks.broadcast_state(model, optimizer, HorovodCollectives(), root_rank)

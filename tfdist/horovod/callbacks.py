@@ -1,16 +1,18 @@
 """Keras 3 callbacks for Horovod training: initial-state broadcast, metric averaging.
 
-The learning-rate callbacks are in `tfdist.horovod.lr_callbacks`.
+Thin wrappers: the implementation is shared with the shared-memory engine's
+(`tfdist.collectives.keras_callbacks`), on `HorovodCollectives`. The
+learning-rate callbacks are in `tfdist.horovod.lr_callbacks`.
 """
 
 from __future__ import annotations
 
-import keras
-
+from tfdist.collectives import keras_callbacks
+from tfdist.collectives.horovod import HorovodCollectives
 from tfdist.horovod.lr_callbacks import LearningRateWarmup  # noqa: F401  (older import path)
 
 
-class BroadcastInitialState(keras.callbacks.Callback):
+class BroadcastInitialState(keras_callbacks.BroadcastInitialState):
     """Broadcasts model and optimizer variables from `root_rank` when training begins.
 
     `fit` builds the model and the optimizer before `on_train_begin`, so every
@@ -22,37 +24,20 @@ class BroadcastInitialState(keras.callbacks.Callback):
     """
 
     def __init__(self, root_rank: int = 0):
-        super().__init__()
+        super().__init__(HorovodCollectives, root_rank)
         self.root_rank = root_rank
 
-    def on_train_begin(self, logs=None):
-        from tfdist.horovod.broadcast import broadcast_state
 
-        broadcast_state(self.model, self.model.optimizer, self.root_rank)
-
-
-class MetricAverage(keras.callbacks.Callback):
+class MetricAverage(keras_callbacks.MetricAverage):
     """Replaces each epoch-end metric by its average across ranks.
 
     Each rank's `fit` logs describe its own shard. This callback averages them
     in place, so History, later callbacks and the chief's metrics file see the
     global value (with equal shards, exactly the single-replica epoch metric).
     Keras runs user callbacks before its History callback, so History records
-    the averaged values.
+    the averaged values. Ranks that log different metrics all raise
+    `CollectiveMismatchError`, naming them.
     """
 
-    def on_epoch_end(self, epoch, logs=None):
-        if not logs:
-            return
-        import tensorflow as tf
-
-        from tfdist.horovod import runtime
-
-        hvd = runtime.hvd()
-        # Sorted names: every rank issues the same allreduces in the same order.
-        for name in sorted(logs):
-            value = logs[name]
-            if isinstance(value, (int, float)) or getattr(value, "shape", None) == ():
-                logs[name] = float(hvd.allreduce(tf.constant(float(value), tf.float64),
-                                                 op=hvd.Average, name=f"tfdist_metric_{name}",
-                                                 ignore_name_scope=True))
+    def __init__(self):
+        super().__init__(HorovodCollectives)

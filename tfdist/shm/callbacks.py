@@ -1,12 +1,13 @@
-"""Keras callbacks for the shared-memory engine: initial-state broadcast, metric averaging."""
+"""Keras callbacks for the shared-memory engine: initial-state broadcast, metric averaging.
+
+Thin wrappers: the implementation is shared with Horovod's
+(`tfdist.collectives.keras_callbacks`), on the engine's `ShmCollectives`.
+"""
 
 from __future__ import annotations
 
-import keras
-import numpy as np
-
-from tfdist.allreduce_optimizer import state_variables
-from tfdist.shm import runtime
+from tfdist.collectives import keras_callbacks
+from tfdist.collectives.shm import ShmCollectives
 
 
 def broadcast_state(model, optimizer=None, root: int = 0) -> None:
@@ -15,14 +16,10 @@ def broadcast_state(model, optimizer=None, root: int = 0) -> None:
     Builds the optimizer on the trainable variables first when needed, so its
     slots exist (and are broadcast) on every rank.
     """
-    variables = state_variables(model, optimizer)
-    values = runtime.communicator().broadcast(
-        [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in variables], root)
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    keras_callbacks.broadcast_state(model, optimizer, ShmCollectives(), root)
 
 
-class BroadcastInitialState(keras.callbacks.Callback):
+class BroadcastInitialState(keras_callbacks.BroadcastInitialState):
     """Broadcasts model and optimizer variables from `root` when `fit` begins.
 
     Args:
@@ -30,24 +27,15 @@ class BroadcastInitialState(keras.callbacks.Callback):
     """
 
     def __init__(self, root: int = 0):
-        super().__init__()
+        super().__init__(ShmCollectives, root)
         self.root = root
 
-    def on_train_begin(self, logs=None):
-        broadcast_state(self.model, self.model.optimizer, self.root)
 
+class MetricAverage(keras_callbacks.MetricAverage):
+    """Replaces each epoch-end metric by its mean across ranks (before History records it).
 
-class MetricAverage(keras.callbacks.Callback):
-    """Replaces each epoch-end metric by its mean across ranks (before History records it)."""
+    Raises `CollectiveMismatchError` on every rank when the ranks log different metrics.
+    """
 
-    def on_epoch_end(self, epoch, logs=None):
-        if not logs:
-            return
-        names = [n for n in sorted(logs)  # sorted: the same order on every rank
-                 if isinstance(logs[n], (int, float)) or getattr(logs[n], "shape", None) == ()]
-        if not names:
-            return
-        (mean,) = runtime.communicator().allreduce(
-            [np.array([float(logs[n]) for n in names], np.float64)], average=True)
-        for name, value in zip(names, mean):
-            logs[name] = float(value)
+    def __init__(self):
+        super().__init__(ShmCollectives)

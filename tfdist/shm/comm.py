@@ -221,6 +221,9 @@ class Communicator:
         self._record = b""
         self._shapes: list = []
         self._failed: CollectiveMismatchError | None = None
+        # The peer this communicator lost, kept as fields: an error raised inside a
+        # tf.numpy_function reaches the trainer as TensorFlow's text only.
+        self.lost: PeerLostError | None = None
         self._peers: dict[int, socket.socket] = {}   # rank 0: rank -> socket
         self._root: socket.socket | None = None      # others: socket to rank 0
         self._listener: socket.socket | None = None
@@ -291,7 +294,8 @@ class Communicator:
                     missing = sorted(set(range(1, self.size)) - set(self._peers))
                     raise PeerLostError(
                         f"shared-memory rendezvous: ranks {missing} did not connect to "
-                        f"{self.address[0]}:{self.address[1]} within {self.timeout_s:.0f} s.")
+                        f"{self.address[0]}:{self.address[1]} within {self.timeout_s:.0f} s.",
+                        rank=missing[0] if len(missing) == 1 else None)
                 conn.settimeout(max(0.1, deadline - time.monotonic()))
                 try:
                     magic, rank, size = struct.unpack("!7sii", _recv_exact(conn, 15))
@@ -316,7 +320,7 @@ class Communicator:
                         raise PeerLostError(
                             f"shared-memory rendezvous: rank 0 at {self.address[0]}:"
                             f"{self.address[1]} did not answer within {self.timeout_s:.0f} s.",
-                            peer="rank 0")
+                            rank=0, address=f"{self.address[0]}:{self.address[1]}")
                     time.sleep(0.05)
             self._root.settimeout(max(0.1, deadline - time.monotonic()))
             try:
@@ -362,8 +366,13 @@ class Communicator:
             # this barrier: one that passed it may have finished and exited.
             if sock in readable and not sock.recv(1, socket.MSG_PEEK) and \
                     self._flags[rank, 0] < seq:
-                raise PeerLostError(f"shared-memory engine: rank {rank} exited (its "
-                                    "connection closed).", peer=f"rank {rank}")
+                raise self._lose(PeerLostError(f"shared-memory engine: rank {rank} exited "
+                                               "(its connection closed).", rank=rank))
+
+    def _lose(self, error: PeerLostError) -> PeerLostError:
+        """Records the first peer lost (`lost`) and returns the error to raise."""
+        self.lost = self.lost or error
+        return error
 
     def barrier(self) -> None:
         """Returns when every rank has called it."""
@@ -390,9 +399,9 @@ class Communicator:
         start = time.monotonic()
         while not semaphores.wait(sem, _LIVENESS_EVERY_S):
             if time.monotonic() - start > self.timeout_s:
-                raise PeerLostError(f"shared-memory engine: rank {q} did not reach "
-                                    f"barrier {seq} within {self.timeout_s:.0f} s.",
-                                    peer=f"rank {q}")
+                raise self._lose(PeerLostError(f"shared-memory engine: rank {q} did not "
+                                               f"reach barrier {seq} within "
+                                               f"{self.timeout_s:.0f} s.", rank=q))
             self._check_liveness(seq)
 
     def _sync(self) -> None:

@@ -90,13 +90,25 @@ class Hooks:
         """The optimizer to compile with."""
         return optimizer
 
+    def collectives(self, strategy):
+        """The job's `tfdist.collectives.HostCollectives` (one per run, built on first use)."""
+        if getattr(self, "_collectives", None) is None:
+            self._collectives = self._make_collectives(strategy)
+        return self._collectives
+
+    def _make_collectives(self, strategy):
+        """The strategy's own processes' collectives (MultiWorkerMirrored's, or one process)."""
+        from tfdist import collectives
+
+        return collectives.for_strategy(strategy)
+
     def any_worker(self, strategy, flag: bool) -> bool:
         """True on every process when `flag` is True on any (preemption agreement)."""
-        if getattr(self, "_agreement", None) is None:  # one compiled collective per run
-            from tfdist.preemption import make_agreement
+        return self.collectives(strategy).any_true(flag)
 
-            self._agreement = make_agreement(strategy)
-        return self._agreement(flag)
+    def lost_peer(self, strategy, error: BaseException):
+        """The `PeerLostError` (with rank) that `error` means, when the engine can tell; else None."""
+        return self.collectives(strategy).lost_peer(error)
 
     def compile_kwargs(self) -> dict:
         """Extra `model.compile` arguments the adapter needs (e.g. no XLA)."""
@@ -115,10 +127,10 @@ class ProcessReplicaHooks(Hooks):
     """Hooks of engines with one replica per process that TensorFlow never sees.
 
     Horovod and shm: the cluster's workers are the replicas, each reads its
-    shard, the optimizer allreduces, and the engine's callbacks broadcast
-    rank 0's state, average metrics and (with --warmup-epochs) ramp the
-    learning rate from lr/size. Subclasses supply `_distributed`, `_all_true`
-    and `_engine_callbacks`.
+    shard, the optimizer allreduces, and the callbacks (written once, on the
+    engine's host collectives) broadcast rank 0's state, average metrics and
+    (with --warmup-epochs) ramp the learning rate from lr/size. Subclasses
+    supply `_distributed`, `_all_true` and `_engine_collectives`.
     """
 
     def __init__(self, cluster, grad_compression: str = "none"):
@@ -139,7 +151,12 @@ class ProcessReplicaHooks(Hooks):
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
     def callbacks(self, cfg, learning_rate):
-        out = self._engine_callbacks()
+        # Broadcast first (no other callback may see a rank's own init), then metrics.
+        from tfdist.collectives import keras_callbacks
+
+        engine = lambda: self.collectives(None)  # noqa: E731
+        out = [keras_callbacks.BroadcastInitialState(engine, root=0),
+               keras_callbacks.MetricAverage(engine)]
         if cfg.get("warmup_epochs"):
             # Goyal et al.'s ramp (the callback needs Horovod only when no size is given).
             from tfdist.horovod.lr_callbacks import LearningRateWarmup
@@ -156,8 +173,11 @@ class ProcessReplicaHooks(Hooks):
         """True on every rank when the scalar boolean tensor `flag` is True on all."""
         raise NotImplementedError
 
-    def _engine_callbacks(self) -> list:  # pragma: no cover - interface
-        """Broadcast first (no other callback may see a rank's own init), then metrics."""
+    def _make_collectives(self, strategy):
+        return self._engine_collectives()
+
+    def _engine_collectives(self):  # pragma: no cover - interface
+        """The engine's `tfdist.collectives.HostCollectives`."""
         raise NotImplementedError
 
 

@@ -63,21 +63,10 @@ class HorovodHooks(ProcessReplicaHooks):
         return hvd.allreduce(tf.cast(flag, tf.float32), op=hvd.Min,
                              name="tfdist_all_finite", ignore_name_scope=True) > 0.5
 
-    def _engine_callbacks(self):
-        from tfdist.horovod import callbacks
+    def _engine_collectives(self):
+        from tfdist.collectives.horovod import HorovodCollectives
 
-        return [callbacks.BroadcastInitialState(root_rank=0), callbacks.MetricAverage()]
-
-    def any_worker(self, strategy, flag):
-        # One-scalar allreduce so every rank stops for SIGTERM at the same step.
-        import tensorflow as tf
-
-        from tfdist.horovod import runtime
-
-        hvd = runtime.hvd()
-        total = hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=hvd.Sum,
-                              name="tfdist_preemption", ignore_name_scope=True)
-        return float(total) > 0
+        return HorovodCollectives()
 
 
 @register

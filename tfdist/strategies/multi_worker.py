@@ -108,7 +108,7 @@ def wait_for_leader(cluster, timeout_s: float, poll_s: float = 0.2) -> None:
                 raise PeerLostError(
                     f"worker 0 ({address}) did not start within --startup-timeout-s "
                     f"{timeout_s:g}: it may have failed, or never been started.\n{_HINT}",
-                    f"worker 0 ({address})") from None
+                    rank=0, address=address) from None
             time.sleep(poll_s)
 
 
@@ -167,7 +167,7 @@ def build(cluster, options):
             f"{cluster.task_type} {cluster.task_index}: the workers did not all register with "
             f"the coordination service at {leader_address(cluster)} within "
             f"--startup-timeout-s {timeout_s:g} ({str(e).splitlines()[0][:200]}).\n{_HINT}",
-            f"worker 0 ({leader_address(cluster)})") from None
+            rank=0, address=leader_address(cluster)) from None
     except tf.errors.UnknownError as e:
         if "Could not start gRPC server" not in str(e):
             raise

@@ -53,21 +53,13 @@ class ShmHooks(ProcessReplicaHooks):
 
         return all_true(flag)
 
-    def _engine_callbacks(self):
-        from tfdist import shm
+    def _engine_collectives(self):
+        from tfdist.collectives.shm import ShmCollectives
 
-        return [shm.BroadcastInitialState(root=0), shm.MetricAverage()]
+        return ShmCollectives()
 
     def compile_kwargs(self) -> dict:
         return {"jit_compile": False}  # the allreduce is a numpy_function
-
-    def any_worker(self, strategy, flag):
-        import numpy as np
-
-        from tfdist.shm import runtime
-
-        (total,) = runtime.communicator().allreduce([np.array([float(flag)])])
-        return bool(total[0] > 0)
 
 
 @register

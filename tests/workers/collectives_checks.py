@@ -1,0 +1,158 @@
+"""Test worker: tfdist.collectives and the callbacks written once on them, on real ranks.
+
+    python collectives_checks.py shm RANK SIZE PORT        # the shared-memory engine
+    horovodrun -np 2 -H localhost:2 --gloo python collectives_checks.py horovod
+    python collectives_checks.py shm-die RANK SIZE PORT    # rank SIZE-1 exits after joining
+
+Each check runs on every rank against values it can compute by hand (rank r
+holds r + 1) and prints `CHECK <name> ok rank=<r>` or `CHECK <name> FAIL`
+with the reason. `shm-die` prints `LOST rank=<r> address=<a>` from the
+structured error the survivors get.
+"""
+
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ENGINE = sys.argv[1]
+if ENGINE.startswith("shm"):
+    from tfdist.shm import runtime
+
+    runtime.init(int(sys.argv[2]), int(sys.argv[3]), ("127.0.0.1", int(sys.argv[4])),
+                 timeout_s=30)
+    from tfdist.collectives.shm import ShmCollectives as Engine
+else:
+    from tfdist.collectives.horovod import HorovodCollectives as Engine
+
+COLL = Engine()
+RANK, SIZE = COLL.rank, COLL.size
+C = float(RANK + 1)
+MEAN = sum(r + 1.0 for r in range(SIZE)) / SIZE
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def callbacks():
+    if ENGINE == "shm":
+        from tfdist.shm import callbacks as cbs
+    else:
+        from tfdist.horovod import callbacks as cbs
+    return cbs
+
+
+@check
+def broadcast():
+    root = SIZE - 1
+    mine = [np.full((3, 2), C, np.float32), np.array([RANK, -RANK], np.int64),
+            np.arange(4, dtype=np.uint8) + RANK, np.array([2**32 - 1 - RANK], np.uint32),
+            np.array(C)]
+    got = COLL.broadcast(mine, root)
+    want = [np.full((3, 2), SIZE, np.float32), np.array([root, -root], np.int64),
+            np.arange(4, dtype=np.uint8) + root, np.array([2**32 - 1 - root], np.uint32),
+            np.array(float(SIZE))]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
+        np.testing.assert_array_equal(g, w)
+
+
+@check
+def average():
+    (got,) = COLL.average([np.array([C, 10.0 * RANK])])
+    np.testing.assert_allclose(got, [MEAN, 10.0 * (SIZE - 1) / 2])
+
+
+@check
+def any_and_all_agreement():
+    last = RANK == SIZE - 1
+    assert COLL.any_true(last) is True and COLL.all_true(last) is False
+    assert COLL.any_true(False) is False and COLL.all_true(True) is True
+
+
+@check
+def barrier_waits_for_the_last_rank():
+    if RANK == SIZE - 1:
+        time.sleep(1.0)
+    start = time.monotonic()
+    COLL.barrier()
+    waited = time.monotonic() - start
+    assert RANK == SIZE - 1 or waited > 0.5, waited  # it slept 1 s before arriving
+
+
+@check
+def broadcast_initial_state_callback():
+    import keras
+
+    keras.utils.set_random_seed(100 + RANK)  # every rank starts elsewhere
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    cbs = callbacks()
+    cb = cbs.BroadcastInitialState(0) if ENGINE == "shm" else cbs.BroadcastInitialState(root_rank=0)
+    cb.set_model(model)
+    cb.on_train_begin()
+    kernel = model.get_weights()[0]
+    (root_kernel,) = COLL.broadcast([kernel], 0)
+    np.testing.assert_array_equal(kernel, root_kernel)
+    assert model.optimizer.built  # its slots were built and broadcast too
+
+
+@check
+def metric_average_callback():
+    logs = {"loss": C, "accuracy": 10.0 * RANK, "name": "not a number"}
+    callbacks().MetricAverage().on_epoch_end(0, logs)
+    assert logs["loss"] == MEAN and logs["accuracy"] == 10.0 * (SIZE - 1) / 2, logs
+    assert logs["name"] == "not a number"
+
+
+@check
+def metric_average_refuses_different_names_on_every_rank():
+    from tfdist.errors import CollectiveMismatchError
+
+    logs = {"loss": C, **({"extra_metric": 1.0} if RANK == SIZE - 1 else {})}
+    try:
+        callbacks().MetricAverage().on_epoch_end(3, logs)
+    except CollectiveMismatchError as e:
+        assert "end of epoch 3 differ across ranks" in str(e), e
+        assert ("another rank has different ones" in str(e) if RANK == 0
+                else "extra_metric" in str(e)), e
+    else:
+        raise AssertionError("no error")
+    assert logs["loss"] == C  # nothing averaged
+    assert COLL.any_true(RANK == 0) is True  # and the ranks are still in step
+
+
+def main():
+    if ENGINE == "shm-die":
+        if RANK == SIZE - 1:
+            os._exit(0)  # joined, then gone
+        try:
+            COLL.any_true(False)
+        except Exception as e:  # noqa: BLE001 - printed for the test
+            lost = COLL.lost_peer(RuntimeError("a TensorFlow error whose text names nobody"))
+            print(f"RAISED {type(e).__name__} rank={getattr(e, 'rank', None)}", flush=True)
+            print(f"LOST rank={lost.rank} address={lost.address}", flush=True)
+            os._exit(0)
+        print("no error", flush=True)
+        os._exit(1)
+    failed = False
+    for fn in CHECKS:
+        try:
+            fn()
+            print(f"CHECK {fn.__name__} ok rank={RANK}", flush=True)
+        except Exception:  # noqa: BLE001 - reported per check
+            failed = True
+            print(f"CHECK {fn.__name__} FAIL rank={RANK}\n{traceback.format_exc()}", flush=True)
+    sys.stdout.flush()
+    os._exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
