@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO, clean_env
@@ -227,6 +227,8 @@ def test_any_argv_is_parsed_or_refused(argv):
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(config.OPTIONS)), st.text(max_size=40))
+@example("accumulate", "0\x1f")  # whitespace that int() refuses
+@example("learning_rate", "0.5\x1f")
 def test_any_value_string_is_parsed_or_refused(key, raw):
     option = config.OPTIONS[key]
     try:

@@ -32,3 +32,39 @@ def test_built_once_from_the_merged_dict_which_still_reads_by_key():
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.training.epochs = 4  # type: ignore[misc]
     assert config.merge({}, ["--devices", "2"], "r").typed.adapter.devices == 2
+
+
+def test_benchmark_knobs_are_the_benchs_own_registered_options():
+    from tfdist import instruments, run_dir, trainer
+    from tfdist.bench import straggler
+    from tfdist.cluster import detect
+    from tfdist.errors import ConfigError
+
+    assert "straggler_delay_ms" not in config.OPTIONS  # not the framework's
+    assert set(straggler.Straggler.options) <= set(instruments.options())
+    cfg = config.merge({}, ["--straggler-delay-ms", "20", "--straggler-worker", "1"], "r")
+    s = settings.Settings.of(cfg)
+    assert s.instruments == {"straggler_delay_ms": 20, "straggler_worker": 1} and not s.recipe
+    assert "straggler_delay_ms" not in run_dir.run_config(cfg)  # never what a run computes
+    text = config.usage(config.declarations({}, "r"))
+    assert text.index("instrumentation options (benchmarks):") < text.index("--straggler-delay-ms")
+    # The run pipeline checks it through the registration (one worker: index 1 is out).
+    with pytest.raises(ConfigError, match=r"--straggler-worker must be in \[0, 1\)"):
+        trainer.check_before_tensorflow(cfg, detect({}))
+
+
+def test_the_framework_alone_does_not_know_the_benchmark_knobs():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, clean_env
+
+    code = ("from tfdist import config; from tfdist.errors import ConfigError\n"
+            "try:\n    config.merge({}, ['--straggler-delay-ms', '5'], 'r')\n"
+            "except ConfigError as e:\n    print('refused', 'Unknown option' in str(e))\n"
+            "import tfdist.train\n"
+            "print(config.merge({}, ['--straggler-delay-ms', '5'], 'r')['straggler_delay_ms'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=clean_env(), cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["refused", "True", "5"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Mapping
 
+from tfdist import instruments
 from tfdist.data import SCALING_RULES
 from tfdist.errors import ConfigError
 from tfdist.optim import PRECISIONS
@@ -106,10 +107,6 @@ OPTIONS: dict[str, Option] = {
     # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).
     "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "
                             "over these epochs", ge=0),
-    "straggler_delay_ms": Option(0, "benchmarks: one worker sleeps this long in every step",
-                                 ge=0, le=3_600_000),
-    "straggler_worker": Option(0, "benchmarks: which training worker sleeps (its index "
-                               "among the workers)", ge=0),
     "ps_shards": Option(0, "variable partitioning over the ps tasks (>1 refused: Keras 3)",
                         ge=0),
     "min_shard_bytes": Option(262144, "smallest variable shard", ge=1),
@@ -161,16 +158,18 @@ def declarations(recipe_defaults: Mapping[str, Any], context: str) -> dict[str, 
     if not isinstance(recipe_defaults, Mapping):
         raise ConfigError(f"{context}: DEFAULTS must be a dict of option values. "
                           f"Received: {type(recipe_defaults).__name__}.")
-    out = dict(OPTIONS)
+    # The framework's options, and those of the instruments registered (tfdist.instruments).
+    framework = {**OPTIONS, **instruments.options()}
+    out = dict(framework)
     for key, value in recipe_defaults.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise ConfigError(f"{context}: DEFAULTS keys must be identifiers like 'hidden_units'."
                               f" Received: {key!r}.")
-        if key in OPTIONS:
+        if key in framework:
             if isinstance(value, Option):
                 raise ConfigError(f"{context}: DEFAULTS[{key!r}] re-declares tfdist's option "
                                   f"{flag(key)}; give it a plain value.")
-            base = OPTIONS[key]
+            base = framework[key]
             out[key] = _replace(base, default=base.check(value, f"{context} sets DEFAULTS"))
             continue
         option = value if isinstance(value, Option) else Option(value)
@@ -318,9 +317,13 @@ def usage(options: Mapping[str, Any], recipe_name: str = "") -> str:
 
     options = {k: v if isinstance(v, Option) else Option(v) for k, v in options.items()}
     framework = [line(k, o) for k, o in options.items() if k in OPTIONS]
-    own = [line(k, o) for k, o in options.items() if k not in OPTIONS]
+    extra = instruments.options()
+    instrumented = [line(k, o) for k, o in options.items() if k in extra and k not in OPTIONS]
+    own = [line(k, o) for k, o in options.items() if k not in OPTIONS and k not in extra]
     out = ["tfdist options (booleans: --flag, --no-flag, --flag=false; each option at most "
            "once):", *framework]
+    if instrumented:
+        out += ["", "instrumentation options (benchmarks):", *instrumented]
     if own:
         out += ["", f"recipe {recipe_name or '?'} options:", *own]
     return "\n".join(out)

@@ -69,12 +69,13 @@ class Option:
         if kind is bool:
             low = raw.strip().lower()
             value = True if low in _TRUE else False if low in _FALSE else None
+        # Parsed stripped: str.strip() drops characters int() and float() refuse ("0\x1f").
         elif kind is int and _INT.fullmatch(raw.strip()):
-            value = int(raw)
+            value = int(raw.strip())
         elif kind is float and raw.strip().lower() in ("nan", "inf", "-inf", "+inf", "infinity"):
-            value = float(raw)  # refused by check() with a clearer message
+            value = float(raw.strip())  # refused by check() with a clearer message
         elif kind is float and _FLOAT.fullmatch(raw.strip()):
-            value = float(raw)
+            value = float(raw.strip())
         elif kind is str:
             value = raw
         if value is None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from tfdist import strategies
+from tfdist import instruments, strategies
 from tfdist.data import scale_learning_rate
 from tfdist.errors import CheckpointError, ConfigError
 
@@ -36,7 +36,7 @@ RUN_CONTROL = frozenset({
     "epochs", "verbose", "tf_logs", "resume", "keep", "save_every_steps",
     "preempt_check_steps", "csv_log", "tensorboard", "status_file", "model_dir", "threads",
     "inter_op_threads", "collective", "collective_timeout_s", "deterministic",
-    "straggler_delay_ms", "straggler_worker", "steps_per_epoch",
+    "steps_per_epoch",
     "rescale_lr_on_batch_change"})
 
 # What --rescale-lr-on-batch-change lets a resumed run change: the batch, and
@@ -54,8 +54,9 @@ DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() i
 
 
 def run_config(cfg: dict) -> dict:
-    """Pure function: the options that define what a run computes."""
-    return {k: v for k, v in sorted(cfg.items()) if k not in RUN_CONTROL}
+    """Pure function: the options that define what a run computes (instruments' never do)."""
+    control = RUN_CONTROL | set(instruments.options())
+    return {k: v for k, v in sorted(cfg.items()) if k not in control}
 
 
 def default_model_dir(recipe_name: str, cfg: dict, num_workers: int) -> str:

@@ -5,8 +5,9 @@ keep reading it that way); `Settings.of(cfg)` reads it once into frozen
 dataclasses the run pipeline reads by attribute. Each framework option
 belongs to exactly one section (tests/test_settings.py), the options that
 strategy adapters accept go to `tfdist.strategies.StrategyOptions` (built by
-`strategies.options_from`, the adapters' own section), and a recipe's own
-options stay in `recipe`. Pure Python, no TensorFlow.
+`strategies.options_from`, the adapters' own section), a recipe's own
+options stay in `recipe`, and registered instruments' (`tfdist.instruments`)
+in `instruments`. Pure Python, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from tfdist import strategies
+from tfdist import instruments, strategies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,16 +78,8 @@ class Backup:
     status_file: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Instrumentation:
-    """Benchmark knobs (a deliberately slow worker)."""
-
-    straggler_delay_ms: int
-    straggler_worker: int
-
-
 _SECTIONS = {"training": Training, "optimization": Optimization, "runtime": Runtime,
-             "logs": Logs, "backup": Backup, "instrumentation": Instrumentation}
+             "logs": Logs, "backup": Backup}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +88,10 @@ class Settings:
 
     Attributes:
         strategy: `--strategy` as given ("auto" or a concrete name).
-        training, optimization, runtime, logs, backup, instrumentation: The sections.
+        training, optimization, runtime, logs, backup: The sections.
         adapter: The strategy adapters' options (`StrategyOptions`).
         recipe: The recipe's own options, by key.
+        instruments: Registered instruments' options (`tfdist.instruments`), by key.
     """
 
     strategy: str
@@ -106,9 +100,9 @@ class Settings:
     runtime: Runtime
     logs: Logs
     backup: Backup
-    instrumentation: Instrumentation
     adapter: strategies.StrategyOptions
     recipe: dict
+    instruments: dict
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> "Settings":
@@ -117,13 +111,15 @@ class Settings:
         Raises:
             KeyError: naming a framework option `cfg` lacks.
         """
-        known = {"strategy", *strategies.OPTION_FIELDS, *section_keys()}
+        extra = instruments.options()
+        known = {"strategy", *strategies.OPTION_FIELDS, *section_keys(), *extra}
         return cls(
             strategy=cfg["strategy"],
             **{name: section(**{f.name: cfg[f.name] for f in dataclasses.fields(section)})
                for name, section in _SECTIONS.items()},
             adapter=strategies.options_from(cfg),
-            recipe={k: v for k, v in cfg.items() if k not in known})
+            recipe={k: v for k, v in cfg.items() if k not in known},
+            instruments={k: v for k, v in cfg.items() if k in extra})
 
 
 def section_keys() -> list[str]:

@@ -23,6 +23,8 @@ import signal
 import sys
 
 from tfdist import config, exit_codes, recipe as recipe_lib
+# Registers the benchmarks' --straggler-* options (tfdist.instruments).
+from tfdist.bench import straggler  # noqa: F401
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
 from tfdist.run_types import Preempted
 

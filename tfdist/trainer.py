@@ -19,7 +19,7 @@ import os
 import time
 
 from tfdist import cluster as cluster_lib
-from tfdist import config, data, optim, straggler, strategies
+from tfdist import config, data, instruments, optim, strategies
 from tfdist import loop as loop_lib
 from tfdist import ps, run_dir
 from tfdist import recipe as recipe_lib
@@ -56,7 +56,8 @@ def check_before_tensorflow(cfg: dict, cluster, choice=None) -> None:
     # Each adapter's own checks (availability, batch division, ports, hosts, placement),
     # for every adapter `auto` may become once TensorFlow counts the GPUs.
     choice.check_config(cfg)
-    straggler.check(cfg["straggler_delay_ms"], cfg["straggler_worker"], cluster.num_workers)
+    for instrument in instruments.active(cfg):  # e.g. the benchmarks' slow worker
+        instrument.check(cfg, cluster.num_workers)
 
 
 def describe_peer_failure(lost, cluster, name_of=None) -> str | None:
@@ -377,9 +378,8 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
     # state before anything else runs, and averages metrics before they are recorded.
     callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []),
                  *recipe_lib.callbacks(recipe, cfg, writer), backup_cb]
-    slow = settings.instrumentation
-    if slow.straggler_delay_ms and cluster.worker_index == slow.straggler_worker:
-        callbacks.append(straggler.keras_callback(slow.straggler_delay_ms))
+    for instrument in instruments.active(cfg):
+        callbacks += instrument.fit_callbacks(cfg, cluster)
     if logs.csv_log:
         callbacks.append(cb.make_csv_logger(writer, state))
     if logs.tensorboard:

@@ -6,7 +6,8 @@ import pytest
 
 from tests.conftest import clean_env, run_py
 
-from tfdist import ps, straggler, strategies
+from tfdist import ps, strategies
+from tfdist.bench import straggler
 from tfdist.cluster.base import ClusterInfo
 from tfdist.cluster.tf_config import info_from_tf_config
 from tfdist.errors import ClusterError, ConfigError

@@ -75,14 +75,14 @@ class CoordinatorLoop(loop.Loop):
             A `tfdist.run_types.Result`; on workers and ps tasks its model is None
             (they return only when their chief has gone).
         """
+        from tfdist import instruments
         from tfdist import recipe as recipe_lib
-        from tfdist import straggler
 
         cfg, cluster = run.cfg, run.cluster
         recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
         num_workers = len(cluster.tf_config["cluster"]["worker"])
-        slow = run.settings.instrumentation
-        straggler.check(slow.straggler_delay_ms, slow.straggler_worker, num_workers)
+        for instrument in instruments.active(cfg):  # counted among the PS job's workers
+            instrument.check(cfg, num_workers)
         loop.start_tensorflow(run.settings)
         if cluster.task_type in ("worker", "ps"):
             from tfdist.ps import server

@@ -72,13 +72,13 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
     """
     import tensorflow as tf
 
-    from tfdist import straggler
+    from tfdist import instruments
 
     from tfdist.settings import Settings
 
     settings = settings or Settings.of(cfg)
     training, optim_, backup_s = settings.training, settings.optimization, settings.backup
-    slow = settings.instrumentation
+    extra = instruments.active(cfg)  # e.g. the benchmarks' slow worker
     loop.set_up(settings)  # as the fit loop; float16 losses are scaled in `step` below
     spec = cluster.tf_config["cluster"]
     workers = spec["worker"]
@@ -100,7 +100,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         "recipe": recipe.RECIPE_NAME, "strategy": "parameter_server", "workers": len(workers),
         "ps": len(spec["ps"]), "batch_per_step": gbs, "steps_per_epoch": steps_per_epoch,
         "learning_rate": lr, "precision": optim_.precision, "ps_shards": options.ps_shards,
-        "straggler": f"{slow.straggler_delay_ms}ms@worker{slow.straggler_worker}"}))
+        **{k: v for i in extra for k, v in i.line_fields(cfg).items()}}))
 
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
@@ -146,14 +146,11 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         return strategy.distribute_datasets_from_function(dataset_fn)
 
     iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
-    delay_ms, slow_worker = slow.straggler_delay_ms, slow.straggler_worker
 
     @tf.function
     def step(iterator):
         index = tf.distribute.coordinator.experimental_get_current_worker_index()
-        deps = []
-        if delay_ms:
-            deps = [straggler.sleep_op(tf.where(index == slow_worker, delay_ms, 0))]
+        deps = [op for i in extra for op in i.step_deps(cfg, index)]
 
         def replica_fn(x, y):
             with tf.GradientTape() as tape:
@@ -165,7 +162,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
             model.optimizer.apply(grads, model.trainable_variables)
             return loss
 
-        with tf.control_dependencies(deps):  # sleep first, as a slower machine would
+        with tf.control_dependencies(deps):  # a straggler sleeps first, as a slow machine
             x, y = next(iterator)
         loss = strategy.run(replica_fn, args=(x, y))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
@@ -235,7 +232,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         "steps_per_worker": steps_per_worker,
         "lost_workers": [{"worker": i, "address": workers[i], "found_in_epoch": e + 1}
                          for i, e in sorted(lost.items())],
-        "straggler": {"delay_ms": delay_ms, "worker": slow_worker},
+        **{k: v for i in extra for k, v in i.describe(cfg).items()},
         "history": history,
         "wall_time_s": wall,
         "examples_per_s": total_steps * gbs / wall if wall > 0 else 0.0,

@@ -1,5 +1,7 @@
 """A deliberately slow worker, to compare synchronous and asynchronous training.
 
+A benchmark knob, registered as a `tfdist.instruments.Instrument` when this
+module is imported (`python -m tfdist.train` and the benchmarks do):
 `--straggler-delay-ms D --straggler-worker I` makes training worker I sleep D
 ms at the start of each of its steps, like a slower or busier machine; the
 other workers run at full speed. Synchronous training waits for it at every
@@ -11,7 +13,9 @@ other workers really are unaffected.
 
 from __future__ import annotations
 
+from tfdist import instruments
 from tfdist.errors import ConfigError
+from tfdist.option import Option
 
 
 def check(delay_ms: int, worker: int, num_workers: int) -> None:
@@ -56,3 +60,40 @@ def sleep_op(delay_ms):
     # One read only: it sleeps before every read, end-of-sequence included.
     slept = tf.data.experimental.from_variant(slept, tf.TensorSpec([], tf.int64))
     return next(iter(slept))
+
+
+class Straggler(instruments.Instrument):
+    """`--straggler-delay-ms D --straggler-worker I`: worker I sleeps D ms per step."""
+
+    options = {
+        "straggler_delay_ms": Option(0, "benchmarks: one worker sleeps this long in every step",
+                                     ge=0, le=3_600_000, name="straggler_delay_ms"),
+        "straggler_worker": Option(0, "benchmarks: which training worker sleeps (its index "
+                                   "among the workers)", ge=0, name="straggler_worker"),
+    }
+
+    def check(self, cfg, num_workers):
+        check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
+
+    def fit_callbacks(self, cfg, cluster):
+        if cfg["straggler_delay_ms"] and cluster.worker_index == cfg["straggler_worker"]:
+            return [keras_callback(cfg["straggler_delay_ms"])]
+        return []
+
+    def step_deps(self, cfg, worker_index):
+        if not cfg["straggler_delay_ms"]:
+            return []
+        import tensorflow as tf
+
+        return [sleep_op(tf.where(worker_index == cfg["straggler_worker"],
+                                  cfg["straggler_delay_ms"], 0))]
+
+    def line_fields(self, cfg):
+        return {"straggler": f"{cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}"}
+
+    def describe(self, cfg):
+        return {"straggler": {"delay_ms": cfg["straggler_delay_ms"],
+                              "worker": cfg["straggler_worker"]}}
+
+
+instruments.register(Straggler())
