@@ -79,6 +79,8 @@ def test_partitioning_keras_variables_is_refused_with_the_reason():
      "asynchronous steps run in whatever order"),
     (["--inter-op-threads", "1"], "--inter-op-threads does not apply to --strategy "
      "parameter_server: a worker's remote step holds an inter-op thread"),
+    (["--rescale-lr-on-batch-change"], "--rescale-lr-on-batch-change does not apply to "
+     "--strategy parameter_server: the coordinator resumes whole epochs"),
 ])
 def test_options_the_coordinator_cannot_honour_are_refused_before_tensorflow(argv, message):
     from tfdist import config, trainer

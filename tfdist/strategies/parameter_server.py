@@ -64,6 +64,9 @@ class ParameterServer(Adapter):
                                  "so no run is repeatable"),
         "inter_op_threads": (0, "a worker's remote step holds an inter-op thread while it waits "
                                 "for its input, so a small pool would deadlock it; use --threads"),
+        "rescale_lr_on_batch_change": (False, "the coordinator resumes whole epochs from its "
+                                              "backup and cannot re-position the data at another "
+                                              "global batch; finish the run at the backup's batch"),
     }
 
     @classmethod
