@@ -112,6 +112,21 @@ def test_writer_on_the_chief_writes_everything_atomically(tmp_path):
     assert not os.path.exists(store.directory)
 
 
+def test_writer_with_a_relative_model_dir_writes_backups_inside_it(tmp_path, monkeypatch):
+    # `tfdist.train RECIPE` with no --model-dir uses runs/RECIPE/MODE, relative to the cwd.
+    monkeypatch.chdir(tmp_path)
+    writer = ChiefWriter(os.path.join("runs", "r", "auto"), is_chief=True)
+    store = BackupStore(writer, keep=2)
+    model, opt = _vars(1.0)
+    state = TrainState(epoch=1, step_in_epoch=0, global_step=4, history={"loss": [1.0]})
+    store.save(state, model, opt, META)
+    assert store.paths() == [os.path.join("runs", "r", "auto", "backup", "ckpt-0000000004.npz")]
+    assert os.path.isfile(store.paths()[0])
+    assert writer.path("metrics.json") == os.path.join("runs", "r", "auto", "metrics.json")
+    writer.remove(store.directory)
+    assert os.listdir(os.path.join("runs", "r", "auto")) == []  # nothing under runs/r/auto/runs
+
+
 def test_save_load_restore_roundtrip_and_keep(tmp_path):
     store = BackupStore(ChiefWriter(str(tmp_path), True), keep=2)
     model, opt = _vars(1.0)

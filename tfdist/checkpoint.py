@@ -85,7 +85,17 @@ class ChiefWriter:
         self.is_chief = is_chief
 
     def path(self, name: str) -> str:
-        """Path of `name` (relative to the model dir, or absolute inside it)."""
+        """Path of `name`: a name relative to the model dir, or a path already in it.
+
+        Paths this writer handed out (`path(...)`, `BackupStore.path_for`) come
+        back as they are, whether the model dir is absolute or relative to the
+        working directory; joining a relative one again would write into
+        MODEL_DIR/MODEL_DIR/... where no rerun looks.
+        """
+        root = os.path.normpath(self.model_dir)
+        norm = os.path.normpath(name)
+        if os.path.isabs(name) or norm == root or norm.startswith(root + os.sep):
+            return name
         return os.path.join(self.model_dir, name)
 
     @contextlib.contextmanager
