@@ -232,14 +232,26 @@ def test_mixed_precision_and_tensorboard_as_the_sync_trainer(tmp_path):
 
 def test_bad_precision_refused_by_every_task_before_tensorflow(tmp_path):
     model_dir = str(tmp_path / "m")
-    proc = run_py(_launch(["--ps", "1", "--workers", "2"], model_dir,
-                          ["--strategy", "parameter_server", "--precision", "bogus_precision",
-                           "--tensorboard"]), timeout=120)
+    bad = ["--strategy", "parameter_server", "--precision", "bogus_precision", "--tensorboard"]
+    # Every task on its own (under the launcher, the first to fail stops the
+    # others, which may be killed before they print): each refuses, exit 2,
+    # with TensorFlow never imported.
+    spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+            "ps": ["127.0.0.1:4"]}
+    code = ("import sys, tfdist.train as t; rc = t.main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules; sys.exit(rc)")
+    for task_type, index in (("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)):
+        tf_config = json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
+        proc = run_py(["-c", code, *override(COMMON, "--model-dir", model_dir, *bad)],
+                      env=clean_env(TF_CONFIG=tf_config), timeout=60)
+        assert proc.returncode == 2, f"{task_type} {index}: {tail(proc)}"
+        assert "--precision" in proc.stderr and "bogus_precision" in proc.stderr, tail(proc)
+    # Under the launcher: the chief's refusal ends the job with one summary line.
+    proc = run_py(_launch(["--ps", "1", "--workers", "2"], model_dir, bad), timeout=120)
     assert proc.returncode != 0, tail(proc)
     out = proc.stdout + proc.stderr
-    for task in ("chief", "worker 0", "worker 1", "ps 0"):
-        line = next((l for l in out.splitlines() if l.startswith(f"[{task}] error: ")), "")
-        assert "--precision" in line and "bogus_precision" in line, out[-3000:]
+    line = next((l for l in out.splitlines() if l.startswith("[chief] error: ")), "")
+    assert "--precision" in line and "bogus_precision" in line, out[-3000:]
     assert "chief failed (exit code 2)" in out, out[-3000:]
     assert "serving at" not in out and "tfdist: recipe=" not in out  # no server, no training
     assert not os.path.exists(model_dir)
