@@ -70,7 +70,11 @@ def describe_peer_failure(lost, cluster, name_of=None) -> str | None:
         name_of: address -> host name or None (default `host_name`, a lookup in
             this host's resolver, e.g. /etc/hosts); pure when given.
     """
-    found = locate_peer(lost, cluster)
+    return _describe(locate_peer(lost, cluster), name_of)
+
+
+def _describe(found, name_of=None) -> str | None:
+    """'worker 1 (ADDRESS, host h1)' for `locate_peer`'s (job, rank, address), or None."""
     if found is None:
         return None
     job, rank, address = found
@@ -353,11 +357,13 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
         _log(cluster, f"resumed from {backup}: epoch {state.epoch}, step "
                       f"{state.step_in_epoch} of {steps_per_epoch} (global step {state.global_step})")
         was = (store.record.get("num_replicas"), store.record.get("strategy"))
-        if was != (replicas, name) and None not in was:
-            _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
-                          f"replica{'s' if replicas != 1 else ''} ({name}), at the same global "
-                          f"batch {gbs}: the same examples per step, the same math")
         old_gbs = store.record.get("global_batch_size")
+        if was != (replicas, name) and None not in was:
+            # Only at the same global batch is it the same math; a batch change says so below.
+            same = (f", at the same global batch {gbs}: the same examples per step, the same "
+                    "math") if old_gbs == gbs else ""
+            _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
+                          f"replica{'s' if replicas != 1 else ''} ({name}){same}")
         if old_gbs != gbs:
             state = _rebatch(state, old_gbs, gbs, cfg, steps_per_epoch, train_dataset, cluster,
                              rescaled or f"learning rate {lr:g}")
@@ -400,8 +406,9 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
         if not cluster.is_multi_worker:
             raise
         lost = hooks.lost_peer(strategy, e)  # the engine's fields, never its message
-        found = locate_peer(lost, cluster) or (None, None, None)
-        peer = describe_peer_failure(lost, cluster)
+        located = locate_peer(lost, cluster)  # once: named in the message and as fields
+        peer = _describe(located)
+        found = located or (None, None, None)
         raise PeerLostError(
             f"lost contact with {peer or 'a peer worker'} during training "
             f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). The newest backup is "
