@@ -82,6 +82,27 @@ def run_py(args: list[str], timeout: float = 240, env: dict | None = None,
                           timeout=timeout, env=env or clean_env(), cwd=cwd or REPO)
 
 
+def wait_for_checkpoint(model_dir: str, alive=lambda: True, seconds: float = 240,
+                        what: str = "the run") -> None:
+    """Waits until MODEL_DIR/backup holds a checkpoint, failing if `alive()` turns False.
+
+    A checkpoint, not any file: the chief's start-up probe writes (and removes)
+    `.probe.PID` in backup/ before training, when a signal or fault would land
+    before the run can save (the race that once failed a Slurm job in CI).
+    """
+    import time
+
+    backup = os.path.join(model_dir, "backup")
+    deadline = time.monotonic() + seconds
+    while not (os.path.isdir(backup) and any(
+            f.startswith("ckpt-") and f.endswith(".npz") for f in os.listdir(backup))):
+        if not alive():
+            pytest.fail(f"{what} ended before its first checkpoint in {backup}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no checkpoint in {backup} after {seconds:.0f} s of {what}")
+        time.sleep(0.05)
+
+
 def tail(proc: subprocess.CompletedProcess, n: int = 3000) -> str:
     """The end of a process's output, for assertion messages."""
     return f"rc={proc.returncode}\nSTDOUT:\n{proc.stdout[-n:]}\nSTDERR:\n{proc.stderr[-n:]}"

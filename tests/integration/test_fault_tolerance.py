@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, run_py, tail
+from tests.conftest import REPO, WORKERS, clean_env, run_py, tail, wait_for_checkpoint
 from tfdist import exit_codes
 from tfdist.launch import free_ports, worker_tf_configs
 
@@ -130,10 +130,7 @@ def test_sigterm_to_chief_saves_backup_and_exits_distinctly(baseline, tmp_path, 
     chief, worker = _start_workers(dump, model_dir, ["--step-delay-ms", "40"], strategy)
     backup_dir = os.path.join(model_dir, "backup")
     try:
-        deadline = time.monotonic() + 120
-        while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
-            assert time.monotonic() < deadline and chief.poll() is None, chief.stderr.read()
-            time.sleep(0.05)
+        wait_for_checkpoint(model_dir, lambda: chief.poll() is None, 120, "the chief")
         chief.send_signal(signal.SIGTERM)
         _, err0 = chief.communicate(timeout=60)
         _, err1 = worker.communicate(timeout=60)

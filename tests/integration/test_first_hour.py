@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import run_py, tail
+from tests.conftest import run_py, tail, wait_for_checkpoint
 from tfdist.compat.tf_startup_logs import is_startup_noise
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,6 @@ def _weights(path):
 def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(tmp_path):
     import signal
     import subprocess
-    import time
 
     import numpy as np
 
@@ -74,12 +73,7 @@ def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     backup_dir = os.path.join(model_dir, "backup")
     try:
-        deadline = time.monotonic() + 240
-        # A real backup (the chief's start-up probe also passes through backup/).
-        while not (os.path.isdir(backup_dir) and [
-                f for f in os.listdir(backup_dir) if f.startswith("ckpt-") and f.endswith(".npz")]):
-            assert time.monotonic() < deadline and launcher.poll() is None
-            time.sleep(0.05)
+        wait_for_checkpoint(model_dir, lambda: launcher.poll() is None, what="the launcher")
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=120)
     finally:

@@ -22,7 +22,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, namespaced_hosts, run_py, tail
+from tests.conftest import (REPO, WORKERS, clean_env, namespaced_hosts, run_py, tail,
+                            wait_for_checkpoint)
 from tfdist import exit_codes
 
 pytestmark = pytest.mark.integration
@@ -121,18 +122,13 @@ class _Launcher(subprocess.Popen):
 
 def _start_and_wait_for_backup(argv, model_dir):
     p = _Launcher(argv)
-    backup = os.path.join(model_dir, "backup")
-    deadline = time.monotonic() + 240
-    # A checkpoint, not any file: the chief's start-up probe writes (and
-    # removes) one in backup/, and a fault then would hit the start-up.
-    while not (os.path.isdir(backup)
-               and any(f.startswith("ckpt-") for f in os.listdir(backup))):
-        if p.poll() is not None or time.monotonic() > deadline:
-            p.kill()
-            out, err = p.communicate(timeout=60)
-            pytest.fail(f"no backup before the fault: rc={p.returncode}\n{out[-2000:]}\n"
-                        f"{err[-3000:]}")
-        time.sleep(0.05)
+    try:  # a fault before the first checkpoint would hit the start-up instead
+        wait_for_checkpoint(model_dir, lambda: p.poll() is None, what="the launcher")
+    except pytest.fail.Exception:
+        p.kill()
+        out, err = p.communicate(timeout=60)
+        pytest.fail(f"no backup before the fault: rc={p.returncode}\n{out[-2000:]}\n"
+                    f"{err[-3000:]}")
     return p
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, run_py, tail
+from tests.conftest import REPO, WORKERS, clean_env, run_py, tail, wait_for_checkpoint
 from tfdist import exit_codes
 
 pytestmark = pytest.mark.integration
@@ -129,14 +129,6 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _wait_for_backup(model_dir: str, proc, seconds: float = 180) -> None:
-    backup = os.path.join(model_dir, "backup")
-    deadline = time.monotonic() + seconds
-    while not (os.path.isdir(backup) and any(f.startswith("ckpt-") for f in os.listdir(backup))):
-        assert time.monotonic() < deadline and proc.poll() is None, "no backup appeared"
-        time.sleep(0.05)
-
-
 def _shm_job(model_dir: str, *launch_args) -> list[str]:
     return [sys.executable, "-m", "tfdist.launch", "-n", "2", *launch_args, "--",
             sys.executable, "-m", "tfdist.train", SLOW, "--strategy", "shm",
@@ -150,7 +142,7 @@ def test_sigkilled_launcher_leaves_no_worker_and_the_rerun_takes_over(tmp_path):
     launcher = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     try:
-        _wait_for_backup(model_dir, launcher)
+        wait_for_checkpoint(model_dir, lambda: launcher.poll() is None, 180)
         workers = _children(launcher.pid)
         assert len(workers) == 2
         launcher.kill()
@@ -189,7 +181,7 @@ def test_sigint_is_not_restarted_even_when_the_launcher_ignored_it(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        _wait_for_backup(model_dir, launcher)
+        wait_for_checkpoint(model_dir, lambda: launcher.poll() is None, 180)
         workers = _children(launcher.pid)
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=90)

@@ -16,11 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, tail
+from tests.conftest import REPO, WORKERS, clean_env, tail, wait_for_checkpoint
 from tests.integration.slurm_util import (ARGS, assert_same_weights, job_fields,
                                            sbatch, single_replica_weights, wait_all)
 
@@ -111,10 +110,7 @@ def test_sigterm_saves_backup_and_requeued_job_resumes(slurm_cluster, baseline, 
     job, proc = _sbatch("multi_worker.sbatch", out, recipe, *ARGS, "--model-dir", model_dir,
                         "--save-every-steps", "4")
     assert proc.returncode == 0 and job, tail(proc)
-    backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 180
-    while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
-        assert time.monotonic() < deadline, f"no backup; job {job_fields(job).get('JobState')}"
-        time.sleep(0.1)
+    wait_for_checkpoint(model_dir, seconds=180, what=f"job {job}")
     subprocess.run(["scancel", "--signal=TERM", job], check=True)
     wait_all([job])
     info, log = job_fields(job), open(out.replace("%j", job)).read()
@@ -186,10 +182,7 @@ def test_horovod_sigterm_saves_backup_and_requeued_job_resumes(request, tmp_path
     job, proc = _sbatch("horovod.sbatch", out, recipe, *ARGS, "--model-dir", model_dir,
                         "--save-every-steps", "4", env=_env(HOROVOD_PYTHON=hvd_python))
     assert proc.returncode == 0 and job, tail(proc)
-    backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 180
-    while not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
-        assert time.monotonic() < deadline, f"no backup; job {job_fields(job).get('JobState')}"
-        time.sleep(0.1)
+    wait_for_checkpoint(model_dir, seconds=180, what=f"job {job}")
     # --batch: to the batch shell, as --signal=B:TERM does before the time limit.
     subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True)
     wait_all([job])

@@ -21,11 +21,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, tail
+from tests.conftest import REPO, WORKERS, clean_env, tail, wait_for_checkpoint
 from tests.integration.slurm_util import (ARGS, assert_same_weights, job_fields,
                                            sbatch, single_replica_weights, wait_all)
 
@@ -161,12 +160,7 @@ def test_nodes_min_max_job_losing_a_node_is_requeued_onto_the_other_and_resumes(
                        "--save-every-steps", "4", "--example-delay-ms", "5",
                        opts=["--nodes=1-2"], env=nodes_env)
     assert proc.returncode == 0 and job, tail(proc)
-    backup_dir, deadline = os.path.join(model_dir, "backup"), time.monotonic() + 240
-    while not (os.path.isdir(backup_dir)
-               and any(f.startswith("ckpt-") for f in os.listdir(backup_dir))):
-        info = job_fields(job, nodes_env)
-        assert time.monotonic() < deadline, f"no backup; job {info.get('JobState')}"
-        time.sleep(0.1)
+    wait_for_checkpoint(model_dir, what=f"job {job}")
     assert job_fields(job, nodes_env)["NodeList"] == "h[0-1]"
     try:
         # DOWN kills the job's tasks there and requeues it (--requeue); DRAIN keeps the
