@@ -154,3 +154,15 @@ def test_scaling_refuses_bad_compression_and_one_worker_before_running():
     args.grad_compression, args.workers = "fp16", 1
     with pytest.raises(SystemExit, match="-n >= 2. Received: -n 1"):
         scaling.run(args)
+
+
+def test_horovod_venv_is_found_where_the_cluster_module_says(tmp_path, monkeypatch):
+    # One place reads TFDIST_HOROVOD_VENV (tfdist.cluster.horovod); the benches ask it.
+    venv = tmp_path / "hvd"
+    monkeypatch.setenv("TFDIST_HOROVOD_VENV", str(venv))
+    assert runs.horovod_venv() is None  # no bin/horovodrun there yet
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "horovodrun").write_text("#!/bin/sh\n")
+    (venv / "bin" / "horovodrun").chmod(0o755)
+    assert runs.horovod_venv() == str(venv)
+    assert runs.horovod_venv(str(tmp_path / "elsewhere")) is None  # an explicit --venv wins

@@ -15,14 +15,14 @@ import subprocess
 import sys
 
 DESCRIPTION = "Horovod all-reduce bandwidth: Gloo vs MPI (needs the Horovod venv)"
-DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tfdist", "horovod-venv")
 CONTROLLERS = ("gloo", "mpi")
 MARK = "TFDIST_BENCH_RESULT "
 
 
 def add_arguments(parser):
     parser.add_argument("--venv", default=None,
-                        help=f"Horovod venv (default: $TFDIST_HOROVOD_VENV or {DEFAULT_VENV})")
+                        help="Horovod venv (default: $TFDIST_HOROVOD_VENV or "
+                             "~/.cache/tfdist/horovod-venv)")
     parser.add_argument("-n", "--ranks", type=int, default=2, help="ranks on this host")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 19.0, 64.0],
                         help="message sizes in MB (19 MB: a 4.7M-parameter model's gradients)")
@@ -54,9 +54,13 @@ def _run_controller(venv, controller, args) -> dict:
 
 
 def run(args) -> dict:
-    venv = args.venv or os.environ.get("TFDIST_HOROVOD_VENV") or DEFAULT_VENV
-    if not os.access(os.path.join(venv, "bin", "horovodrun"), os.X_OK):
-        raise SystemExit(f"error: no Horovod venv at {venv}. HINT: run scripts/install_horovod.sh")
+    from tfdist.bench import runs
+
+    venv = runs.horovod_venv(args.venv)
+    if venv is None:
+        raise SystemExit(f"error: no Horovod venv (with bin/horovodrun) at "
+                         f"{args.venv or 'the default place'}. "
+                         "HINT: run scripts/install_horovod.sh")
     results = {}
     for controller in CONTROLLERS:
         timings = _run_controller(venv, controller, args)

@@ -14,7 +14,6 @@ import sys
 
 MARK = "TFDIST_BENCH_RESULT "
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tfdist", "horovod-venv")
 MPI_ROOT_ARGS = "--allow-run-as-root --oversubscribe"
 
 
@@ -33,8 +32,10 @@ def parse(stdout: str) -> list[dict]:
 
 
 def horovod_venv(explicit: str | None = None) -> str | None:
-    """The Horovod venv (argument, $TFDIST_HOROVOD_VENV, default) if it has horovodrun."""
-    venv = explicit or os.environ.get("TFDIST_HOROVOD_VENV") or DEFAULT_VENV
+    """The Horovod venv (argument, else `cluster.horovod.venv_path`) if it has horovodrun."""
+    from tfdist.cluster.horovod import venv_path
+
+    venv = explicit or venv_path(os.environ)
     return venv if os.access(os.path.join(venv, "bin", "horovodrun"), os.X_OK) else None
 
 
