@@ -39,13 +39,27 @@ def test_horovod_sbatch_uses_the_install_scripts_venv(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     os.symlink(sys.executable, venv / "bin" / "python")
-    record = tmp_path / "horovodrun-args"
-    fake = venv / "bin" / "horovodrun"  # records how it was called instead of training
-    fake.write_text(f'#!/bin/sh\necho "$@" > {record}\necho "PYTHONPATH=$PYTHONPATH" >> {record}\n')
-    fake.chmod(0o755)
-    proc = _run_horovod_sbatch(tmp_path, TFDIST_HOROVOD_VENV=str(venv))
+    (venv / "bin" / "horovodrun").write_text("#!/bin/sh\nexit 1\n")  # marks the venv
+    (venv / "bin" / "horovodrun").chmod(0o755)
+    # The script runs `python -m tfdist.horovodrun`, which runs horovodrun's own
+    # command line in-process: a stand-in horovod records how it was called.
+    record, fake = tmp_path / "horovodrun-args", tmp_path / "fake" / "horovod" / "runner"
+    (fake / "common" / "util").mkdir(parents=True)
+    for d in (fake.parent, fake, fake / "common", fake / "common" / "util"):
+        (d / "__init__.py").write_text("")
+    (fake / "common" / "util" / "safe_shell_exec.py").write_text(
+        "GRACEFUL_TERMINATION_TIME_S = 5\ndef _exec_middleman(*a): pass\n")
+    (fake / "launch.py").write_text(
+        "import os, sys\nfrom horovod.runner.common.util import safe_shell_exec as s\n"
+        "def run_commandline():\n"
+        f"    open({str(record)!r}, 'w').write(' '.join(sys.argv[1:]) + '\\n'\n"
+        "        + 'PYTHONPATH=' + os.environ['PYTHONPATH'] + '\\n'\n"
+        "        + f'grace={s.GRACEFUL_TERMINATION_TIME_S:g}\\n')\n")
+    proc = _run_horovod_sbatch(tmp_path, TFDIST_HOROVOD_VENV=str(venv),
+                               PYTHONPATH=str(tmp_path / "fake"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    args, pythonpath = record.read_text().splitlines()
+    args, pythonpath, grace = record.read_text().splitlines()
     assert args.startswith(f"--gloo -np 2 -H localhost:2 {venv}/bin/python -m tfdist.train "
                            "digits_mlp --strategy horovod --status-file ")
+    assert grace == "grace=60"  # tfdist.horovodrun's, not horovodrun's 5 s
     assert pythonpath.startswith(f"PYTHONPATH={REPO}")
