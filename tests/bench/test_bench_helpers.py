@@ -166,3 +166,14 @@ def test_horovod_venv_is_found_where_the_cluster_module_says(tmp_path, monkeypat
     (venv / "bin" / "horovodrun").chmod(0o755)
     assert runs.horovod_venv() == str(venv)
     assert runs.horovod_venv(str(tmp_path / "elsewhere")) is None  # an explicit --venv wins
+
+
+def test_overhead_progress_line_gives_each_engine_its_ratio_so_far():
+    per = {"horovod": {"examples_per_s": {"tfdist": [98.0, 99.0, 100.0],
+                                          "raw": [100.0, 100.0, 100.0]}},
+           "shm": {"examples_per_s": {"tfdist": [50.0], "raw": [40.0]}}}
+    line = overhead.progress(3, per, ["horovod", "shm"], 0.02)
+    assert line.startswith("overhead: after round 3: horovod 0.990 [")
+    assert "(3 rounds, width " in line and "shm 1.250 (1 round)" in line
+    resolved = {"e": {"examples_per_s": {"tfdist": [99.0, 99.0], "raw": [100.0, 100.0]}}}
+    assert "(2 rounds, resolved)" in overhead.progress(2, resolved, ["e"], 0.02)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 
 from tfdist.bench import runs, stats
@@ -122,6 +123,24 @@ def summarize(tfdist: list[float], raw: list[float], goal: float = GOAL_RATIO) -
             "verdict": stats.verdict(low, high, goal)}
 
 
+def progress(done: int, per: dict, engines: list[str], width: float) -> str:
+    """Pure function: the line printed after `done` rounds: each engine's ratio so far.
+
+    A run can take most of an hour; this says where each engine stands.
+    """
+    parts = []
+    for e in engines:
+        xs = per[e]["examples_per_s"]
+        if len(xs["raw"]) >= 2:
+            s = summarize(xs["tfdist"], xs["raw"])
+            state = "resolved" if s["ci_width"] < width else f"width {s['ci_width']:.3f}"
+            parts.append(f"{e} {s['ratio']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}] "
+                         f"({len(xs['raw'])} rounds, {state})")
+        elif xs["raw"]:
+            parts.append(f"{e} {xs['tfdist'][0] / xs['raw'][0]:.3f} (1 round)")
+    return f"overhead: after round {done}: " + "; ".join(parts)
+
+
 def run(args) -> dict:
     """Interleaved rounds of every engine's tfdist and raw runs; returns ratios with intervals."""
     variants = [v for v in args.variants.split(",") if v]
@@ -153,6 +172,7 @@ def run(args) -> dict:
                                   what=f"overhead {engine} {name} round {r}")[0]
                 per[engine]["examples_per_s"][name].append(result["examples_per_s"])
         r += 1
+        print(progress(r, per, engines, args.ci_width), file=sys.stderr, flush=True)
         if r >= args.rounds:
             active = [e for e in active if summarize(
                 per[e]["examples_per_s"]["tfdist"],
