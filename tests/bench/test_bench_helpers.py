@@ -177,3 +177,13 @@ def test_overhead_progress_line_gives_each_engine_its_ratio_so_far():
     assert "(3 rounds, width " in line and "shm 1.250 (1 round)" in line
     resolved = {"e": {"examples_per_s": {"tfdist": [99.0, 99.0], "raw": [100.0, 100.0]}}}
     assert "(2 rounds, resolved)" in overhead.progress(2, resolved, ["e"], 0.02)
+
+
+def test_bench_hosts_are_per_run_and_only_dead_runs_clusters_are_swept():
+    from tfdist.bench import on_hosts
+    from tfdist.hosts.plan import check_name
+
+    assert check_name(on_hosts.cluster_name(4194304)) == "tfdist-bench-4194304"  # largest pid
+    names = ["tfdist-bench-10", "tfdist-bench-11", "tfdist", "t123-abc", "tfdist-bench-x",
+             "tfdist-bench"]
+    assert on_hosts.stale_clusters(names, alive=lambda pid: pid == 11) == ["tfdist-bench-10"]

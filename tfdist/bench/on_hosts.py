@@ -1,7 +1,8 @@
 """Benchmark processes on namespaced hosts over shaped links (`--hosts N --rate R`).
 
 `allreduce` and `scaling` take `--hosts N --rate R`: a `tfdist.hosts` cluster
-named `tfdist-bench` of N hosts whose links are shaped to R (tbf, both
+named `tfdist-bench-PID` (this run's own, so benches run at once do not tear
+down each other's hosts) of N hosts whose links are shaped to R (tbf, both
 directions) is made for the run and removed after; worker i runs on host hi,
 one per host, so every byte of a collective crosses a shaped link. MWMS
 workers get a TF_CONFIG naming the hosts by address; Horovod ranks are
@@ -22,7 +23,7 @@ import time
 
 from tfdist.bench import runs
 
-CLUSTER = "tfdist-bench"
+CLUSTER_PREFIX = "tfdist-bench-"  # + the bench's pid (names are at most 20 characters)
 PORT = 23456  # every host has its own network stack: one fixed port serves all
 
 
@@ -59,16 +60,47 @@ def check_args(hosts: int, rate: str | None) -> float | None:
         raise SystemExit(f"error: {e}") from None
 
 
+def cluster_name(pid: int) -> str:
+    """Pure function: the cluster name of the bench run with process id `pid`."""
+    return f"{CLUSTER_PREFIX}{pid}"
+
+
+def stale_clusters(names: list[str], alive) -> list[str]:
+    """Pure function: the bench clusters in `names` whose run (`alive(pid)`) has ended."""
+    out = []
+    for name in names:
+        pid = name[len(CLUSTER_PREFIX):] if name.startswith(CLUSTER_PREFIX) else ""
+        if pid.isdigit() and not alive(int(pid)):
+            out.append(name)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def shaped_hosts(num_hosts: int, rate: str):
-    """A fresh `tfdist-bench` cluster of `num_hosts` hosts at `rate`, always removed after."""
+    """A fresh cluster of `num_hosts` hosts at `rate`, this run's own, always removed after.
+
+    Clusters that killed bench runs left behind are removed first.
+    """
     from tfdist.hosts import Cluster, unavailable
+    from tfdist.hosts.cluster import STATE_ROOT
 
     reason = unavailable()
     if reason:
         raise SystemExit(f"error: --hosts needs namespaced hosts: {reason}")
-    cluster = Cluster(CLUSTER)
-    cluster.down()  # what a killed earlier run left
+    existing = os.listdir(STATE_ROOT) if os.path.isdir(STATE_ROOT) else []
+    for name in stale_clusters(existing, _alive):
+        Cluster(name).down()
+    cluster = Cluster(cluster_name(os.getpid()))
     cluster.up(num_hosts, rate=rate)
     try:
         yield cluster
