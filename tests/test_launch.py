@@ -30,6 +30,33 @@ def test_each_worker_gets_its_tf_config_and_prefixed_output():
         assert f"[worker {i}] index {i} of 3" in proc.stdout
 
 
+def test_core_sets_are_disjoint_even_shares():
+    assert launch.core_sets([0, 1], 2) == [[0], [1]]
+    assert launch.core_sets(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert launch.core_sets([2, 5, 7, 9], 1) == [[2, 5, 7, 9]]
+    assert launch.core_sets([0, 1], 3) == [[0], [1], [0]]  # more workers than cores: shared
+    with pytest.raises(ValueError):
+        launch.core_sets([], 2)
+
+
+def test_cpu_bind_cores_gives_each_worker_its_own_share():
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    code = ("import os, json; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
+            "print('cpus', i, sorted(os.sched_getaffinity(0)))")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--cpu-bind", "cores", "--", sys.executable,
+                   "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for i, share in enumerate(launch.core_sets(cpus, 2)):
+        assert f"[worker {i}] cpus {i} {share}" in proc.stdout, proc.stdout
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-c", code], timeout=60)
+    assert f"[worker 0] cpus 0 {cpus}" in proc.stdout, proc.stdout  # default: not bound
+    proc = run_py(["-m", "tfdist.launch", "--ps", "1", "--workers", "1", "--cpu-bind", "cores",
+                   "--", "true"], timeout=30)
+    assert proc.returncode == 2 and "--cpu-bind applies to -n and --hosts workers" in proc.stderr
+
+
 def test_failing_worker_stops_the_others_and_is_named():
     code = ("import os, json, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
             "sys.exit(7) if i == 1 else time.sleep(60)")
