@@ -55,7 +55,9 @@ def model_stats(recipe_name: str) -> dict:
     import numpy as np
 
     from tfdist import recipe as recipe_lib
+    from tfdist.compat.tf_startup_logs import import_tensorflow
 
+    import_tensorflow()  # quietly: the bench's own output is its table
     recipe = recipe_lib.load(recipe_name)
     model = recipe.build_model(dict(recipe.DEFAULTS))
     forward, ignored = 0, set()
@@ -76,7 +78,9 @@ def model_stats(recipe_name: str) -> dict:
 
 def matmul_gflops(threads: int, n: int = 1024, reps: int = 10) -> float:
     """Measured float32 matmul rate on `threads` intra-op threads (call before other TF work)."""
-    import tensorflow as tf
+    from tfdist.compat.tf_startup_logs import import_tensorflow
+
+    tf = import_tensorflow()
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     a = tf.random.normal([n, n])
