@@ -45,7 +45,9 @@ def test_horovod_sbatch_uses_the_install_scripts_venv(tmp_path):
     # command line in-process: a stand-in horovod records how it was called.
     record, fake = tmp_path / "horovodrun-args", tmp_path / "fake" / "horovod" / "runner"
     (fake / "common" / "util").mkdir(parents=True)
-    for d in (fake.parent, fake, fake / "common", fake / "common" / "util"):
+    (fake.parent / "tensorflow").mkdir()  # what tfdist checks for before running
+    for d in (fake.parent, fake.parent / "tensorflow", fake, fake / "common",
+              fake / "common" / "util"):
         (d / "__init__.py").write_text("")
     (fake / "common" / "util" / "safe_shell_exec.py").write_text(
         "GRACEFUL_TERMINATION_TIME_S = 5\ndef _exec_middleman(*a): pass\n")

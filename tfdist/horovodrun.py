@@ -32,7 +32,7 @@ def parse(argv: list[str]) -> tuple[float, list[str]]:
     """
     from tfdist.compat.horovodrun_grace import DEFAULT_GRACE_S
 
-    if not argv or argv[0] not in ("--grace-s",) and not argv[0].startswith("--grace-s="):
+    if not argv or argv[0] != "--grace-s" and not argv[0].startswith("--grace-s="):
         return DEFAULT_GRACE_S, list(argv)
     if "=" in argv[0]:
         value, rest = argv[0].split("=", 1)[1], argv[1:]
@@ -56,18 +56,16 @@ def main(argv: list[str]) -> int:
             return 2
         # horovodrun's own options follow.
     grace, rest = parse(argv)
-    try:
-        from tfdist.compat import horovodrun_grace
-        return horovodrun_grace.run(rest, grace)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] == "horovod":
-            print("error: Horovod is not installed in this Python "
-                  f"({sys.executable}).\nHINT: run scripts/install_horovod.sh once, then use "
-                  "the venv's python: ~/.cache/tfdist/horovod-venv/bin/python -m "
-                  "tfdist.horovodrun ...", file=sys.stderr)
-            return 2
-        raise
+    from tfdist.horovod import runtime
 
+    if not runtime.is_available():  # checked without importing TensorFlow
+        print(f"error: Horovod is not installed in this Python ({sys.executable}); run "
+              f"`python -m tfdist.horovodrun` with the Horovod venv's python.\n"
+              f"{runtime.INSTALL_HINT}", file=sys.stderr)
+        return 2
+    from tfdist.compat import horovodrun_grace
+
+    return horovodrun_grace.run(rest, grace)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

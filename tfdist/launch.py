@@ -411,10 +411,10 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
     ports, on, where = _placed(num_workers, hosts)
     tasks = [(f"worker {i}", cfg, on[i]) for i, cfg in enumerate(worker_tf_configs(ports))]
     cpu_sets = None
-    if cpu_bind == "cores":  # workers on this machine only; a remote host binds its own
-        local = [i for i in range(num_workers) if on[i] is None]
-        shares = iter(core_sets(sorted(os.sched_getaffinity(0)), len(local))) if local else None
-        cpu_sets = [next(shares) if on[i] is None else None for i in range(num_workers)]
+    local = [i for i in range(num_workers) if on[i] is None]
+    if cpu_bind == "cores" and local:  # workers on this machine only
+        shares = dict(zip(local, core_sets(sorted(os.sched_getaffinity(0)), len(local))))
+        cpu_sets = [shares.get(i) for i in range(num_workers)]
     status, i, failed_code = 0, None, None
     with _TaskGroup(command, tasks, env, log_dir, append, hosts, cpu_sets) as group:
         procs = group.procs

@@ -55,11 +55,12 @@ def _run_controller(venv, controller, args) -> dict:
 
 def run(args) -> dict:
     from tfdist.bench import runs
+    from tfdist.cluster.horovod import venv_path
 
     venv = runs.horovod_venv(args.venv)
     if venv is None:
         raise SystemExit(f"error: no Horovod venv (with bin/horovodrun) at "
-                         f"{args.venv or 'the default place'}. "
+                         f"{args.venv or venv_path(os.environ)}. "
                          "HINT: run scripts/install_horovod.sh")
     results = {}
     for controller in CONTROLLERS:
