@@ -549,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                     "Everything after '--' is COMMAND, run as is by every worker; its output "
                     "is printed with a [worker I] prefix.",
         usage="python -m tfdist.launch (-n N | --hosts H:S,... | --ps N --workers M "
-              "[--hosts H:S,...]) [--timeout S] [--max-restarts R [--min-workers M]] [--log-dir DIR] "
-              "-- COMMAND ...")
+              "[--hosts H:S,...]) [--timeout S] [--max-restarts R [--min-workers M]] "
+              "[--cpu-bind cores] [--log-dir DIR] -- COMMAND ...")
     parser.add_argument("-n", "--num-workers", type=int, default=None,
                         help="synchronous workers to start (MWMS, shm)")
     parser.add_argument("--hosts", default=None,
