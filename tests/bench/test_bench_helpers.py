@@ -154,6 +154,10 @@ def test_scaling_refuses_bad_compression_and_one_worker_before_running():
     args.grad_compression, args.workers = "fp16", 1
     with pytest.raises(SystemExit, match="-n >= 2. Received: -n 1"):
         scaling.run(args)
+    args.workers, args.hosts, args.rate, args.cpu_bind = 2, 2, "1gbit", "cores"
+    with pytest.raises(SystemExit, match="--cpu-bind applies to workers on this host.*"
+                                         "Received: --cpu-bind cores --hosts 2"):
+        scaling.run(args)
 
 
 def test_horovod_venv_is_found_where_the_cluster_module_says(tmp_path, monkeypatch):

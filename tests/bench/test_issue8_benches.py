@@ -33,8 +33,9 @@ def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
                             "--warmup", "1", "--per-worker-batch", "8", "--modes", "weak",
                             "--strategies", "shm", "--grad-compression", "none,fp16",
                             "--repeats", "2", "--train-flags=--preempt-check-steps 100",
-                            timeout=900)
+                            "--cpu-bind", "cores", timeout=900)
     assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
+    assert result["cpu_bind"] == "cores"
     base = result["baselines"]["wide_mlp"]["weak"]
     assert base["global_batch_size"] == 8 and len(base["tries_examples_per_s"]) == 2
     curves = result["results"]["wide_mlp"]
@@ -95,7 +96,7 @@ def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
                             "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
                             "--rounds", "2", "--max-rounds", "2", timeout=900)
-    assert result["engines"] == ["single"]
+    assert result["engines"] == ["single"] and result["cpu_bind"] == "cores"  # the default
     r = result["results"]["single"]
     xs = r["examples_per_s"]
     assert r["rounds"] == 2 and len(xs["tfdist"]) == len(xs["raw"]) == 2

@@ -39,22 +39,40 @@ def horovod_venv(explicit: str | None = None) -> str | None:
     return venv if os.access(os.path.join(venv, "bin", "horovodrun"), os.X_OK) else None
 
 
-def launch_command(workers: int, module: str, args: list[str], timeout_s: float) -> list[str]:
-    """Pure function: `python -m tfdist.launch -n N -- python -m MODULE ARGS`."""
+CPU_BIND = ("none", "cores")
+
+
+def _check_bind(cpu_bind: str) -> None:
+    if cpu_bind not in CPU_BIND:
+        raise ValueError(f"cpu_bind must be one of {list(CPU_BIND)}. Received: {cpu_bind!r}.")
+
+
+def launch_command(workers: int, module: str, args: list[str], timeout_s: float,
+                   cpu_bind: str = "none") -> list[str]:
+    """Pure function: `python -m tfdist.launch -n N [--cpu-bind cores] -- python -m MODULE ARGS`."""
+    _check_bind(cpu_bind)
+    bind = ["--cpu-bind", cpu_bind] if cpu_bind != "none" else []
     return [sys.executable, "-m", "tfdist.launch", "-n", str(workers), "--timeout",
-            f"{timeout_s:g}", "--", sys.executable, "-m", module, *args]
+            f"{timeout_s:g}", *bind, "--", sys.executable, "-m", module, *args]
 
 
 def horovod_command(venv: str, ranks: int, controller: str, module: str, args: list[str],
-                    mpi_args: str = "") -> list[str]:
-    """Pure function: `horovodrun -np N -H localhost:N --gloo|--mpi VENV/python -m MODULE ARGS`."""
+                    mpi_args: str = "", cpu_bind: str = "none") -> list[str]:
+    """Pure function: `horovodrun -np N -H localhost:N --gloo|--mpi VENV/python -m MODULE ARGS`.
+
+    With `cpu_bind="cores"` each rank runs under `tfdist.bench.bind`, which
+    gives it the share of the cores `tfdist.launch --cpu-bind cores` would.
+    """
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be 'gloo' or 'mpi'. Received: {controller!r}.")
+    _check_bind(cpu_bind)
+    python = os.path.join(venv, "bin", "python")
     cmd = [os.path.join(venv, "bin", "horovodrun"), "-np", str(ranks), "-H",
            f"localhost:{ranks}", f"--{controller}"]
     if controller == "mpi":
         cmd.append(f"--mpi-args={MPI_ROOT_ARGS} {mpi_args}".strip())
-    return cmd + [os.path.join(venv, "bin", "python"), "-m", module, *args]
+    bind = [python, "-m", "tfdist.bench.bind", "--"] if cpu_bind == "cores" else []
+    return cmd + [*bind, python, "-m", module, *args]
 
 
 def run(cmd: list[str], timeout_s: float, env: dict | None = None,

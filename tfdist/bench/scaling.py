@@ -20,6 +20,11 @@ none,fp16` adds a curve per compression (`multi_worker+fp16`, ...).
 Horovod's K-worker runs use the Horovod venv's TensorFlow; the shared
 baseline runs the system one.
 
+`--cpu-bind cores` puts each of K workers on its own share of the cores
+(`tfdist.launch --cpu-bind cores`; `tfdist.bench.bind` under horovodrun) and
+the 1-worker baseline on the share worker 0 of N would get, so that the
+baseline has no more of the machine than each worker.
+
 Weak scaling keeps the examples per worker fixed (global batch = K x
 per-worker batch); strong scaling keeps the global batch fixed (= N x
 per-worker batch). In both, speedup = T1/TK for the same amount of work per
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from tfdist import compression as compression_lib
 from tfdist.bench import on_hosts, runs
@@ -77,6 +83,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--modes", default="weak,strong", help="weak and/or strong")
     parser.add_argument("--grad-compression", default="none",
                         help="comma-separated, each a curve: none, fp16 and/or bf16")
+    parser.add_argument("--cpu-bind", choices=runs.CPU_BIND, default="none",
+                        help="cores: each of K workers on its own share of the cores "
+                             "(tfdist.launch --cpu-bind cores, tfdist.bench.bind under "
+                             "horovodrun), the 1-worker baseline on the share worker 0 of N "
+                             "gets; not with --hosts")
     parser.add_argument("--hosts", type=int, default=0,
                         help="N>=2: worker i on namespaced host hi (needs root; sets -n N)")
     parser.add_argument("--rate", default=None,
@@ -158,17 +169,24 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
             result = on_hosts.run_workers(hosts, workers, "tfdist.bench.train_worker", train,
                                           args.timeout, env, what=f"scaling run {label}")[0]
         return {**result, "workers": workers, "load_avg_1m": load}
+    bind = getattr(args, "cpu_bind", "none")
     if workers == 1:
-        cmd = runs.launch_command(1, "tfdist.bench.train_worker",
-                                  _train_args(args, recipe, "single", gbs, model_dir), args.timeout)
+        train = _train_args(args, recipe, "single", gbs, model_dir)
+        if bind == "cores":  # the baseline gets the share worker 0 of N gets, not every core
+            cmd = runs.launch_command(1, "tfdist.bench.bind", [
+                "--share", f"0/{args.workers}", "--", sys.executable, "-m",
+                "tfdist.bench.train_worker", *train], args.timeout)
+        else:
+            cmd = runs.launch_command(1, "tfdist.bench.train_worker", train, args.timeout)
     elif strategy == "horovod":
         cmd = runs.horovod_command(_venv(args), workers, args.controller,
                                    "tfdist.bench.train_worker",
-                                   _train_args(args, recipe, "horovod", gbs, model_dir, compression))
+                                   _train_args(args, recipe, "horovod", gbs, model_dir, compression),
+                                   cpu_bind=bind)
     else:
         cmd = runs.launch_command(workers, "tfdist.bench.train_worker",
                                   _train_args(args, recipe, strategy, gbs, model_dir, compression),
-                                  args.timeout)
+                                  args.timeout, bind)
     load = runs.load_average()
     result = runs.run(cmd, args.timeout + 60, env, what=f"scaling run {label}")[0]
     return {**result, "workers": workers, "load_avg_1m": load}
@@ -208,6 +226,10 @@ def run(args) -> dict:
         raise SystemExit(f"error: --grad-compression takes a comma-separated list from "
                          f"{list(compression_lib.NAMES)}. Received: {args.grad_compression!r}.")
     if link:
+        if getattr(args, "cpu_bind", "none") != "none":
+            raise SystemExit("error: --cpu-bind applies to workers on this host; with --hosts "
+                             "each worker has a host of its own. Received: --cpu-bind "
+                             f"{args.cpu_bind} --hosts {args.hosts}.")
         args.workers = args.hosts
         if "shm" in strategies:
             raise SystemExit("error: --strategies shm is one host's shared memory; it cannot "
@@ -227,6 +249,7 @@ def run(args) -> dict:
                for m in modes},
             "headline": first_recipe, "results": results, "baselines": baselines,
             "threads": args.threads, "grad_compression": compressions,
+            "cpu_bind": getattr(args, "cpu_bind", "none"),
             "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
             "steps": args.steps, "warmup_steps": args.warmup, "repeats": args.repeats,
             "hosts": args.workers if link else 0, "rate": args.rate if link else None,
