@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 
 import numpy as np
@@ -209,10 +210,17 @@ def test_warmup_ramps_from_lr_over_size_to_lr(venv, tmp_path):
 
 
 def test_readme_horovodrun_command_four_ranks_gloo(venv, tmp_path):
+    """The README's Horovod launch row as written, with `python` the venv's."""
+    from tests.integration.test_launch_table import launch_table_commands
+
+    (row,) = [c for c in launch_table_commands() if "horovodrun" in c]
+    python = os.path.join(venv, "bin", "python")
+    argv = [python if a == "python" else a for a in shlex.split(row)]
+    assert argv[:3] == [python, "-m", "tfdist.horovodrun"], row
     model_dir = str(tmp_path / "D")
-    proc = horovodrun(venv, 4, "gloo", ["-m", "tfdist.train", "digits_mlp", "--strategy",
-                                        "horovod", "--epochs", "2", "--threads", "1",
-                                        "--verbose", "0", "--model-dir", model_dir])
+    proc = subprocess.run([*argv, "--epochs", "2", "--threads", "1", "--verbose", "0",
+                           "--model-dir", model_dir], capture_output=True, text=True,
+                          timeout=300, env=_env(), cwd=REPO)
     assert proc.returncode == 0, tail(proc)
     assert "num_replicas=4 workers=4 source=horovod" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
