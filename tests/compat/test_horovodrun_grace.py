@@ -8,13 +8,15 @@ so the agreed step is more than 5 s after the signal.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
-from tests.conftest import REPO, WORKERS, run_py, wait_for_checkpoint
+from tests.conftest import REPO, WORKERS, namespaced_hosts, run_py, wait_for_checkpoint
 from tests.integration.test_horovod import _env, venv  # noqa: F401 (venv: the fixture)
 from tfdist import exit_codes, horovodrun
 
@@ -44,17 +46,22 @@ def test_without_horovod_it_says_where_to_get_it():
     assert "Horovod is not installed" in proc.stderr and "install_horovod.sh" in proc.stderr
 
 
-def _preempted_job(venv_dir: str, tmp_path, launcher: list[str]):
-    """(status rank 0 wrote or None, backups, output) of a job SIGTERMed after its first backup."""
+def _preempted_job(venv_dir: str, tmp_path, launcher: list[str], hosts=None):
+    """(status rank 0 wrote or None, backups, output) of a job SIGTERMed after its first backup.
+
+    With `hosts` (a namespaced cluster), horovodrun runs on h0 and rank 1 on h1 over ssh.
+    """
     model_dir, status = str(tmp_path / "model"), str(tmp_path / "status")
     python = os.path.join(venv_dir, "bin", "python")
-    cmd = [*launcher, "-np", "2", "-H", "localhost:2", "--gloo", python, "-m", "tfdist.train",
+    where = "h0:1,h1:1" if hosts else "localhost:2"
+    cmd = [*launcher, "-np", "2", "-H", where, "--gloo", python, "-m", "tfdist.train",
            os.path.join(WORKERS, "slow_digits.py"), "--strategy", "horovod", "--epochs", "2",
            "--global-batch-size", "64", "--verbose", "0", "--threads", "1",
            "--example-delay-ms", "5", "--save-every-steps", "4", "--preempt-check-steps", "40",
            "--model-dir", model_dir, "--status-file", status]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    popen = functools.partial(hosts.popen, "h0") if hosts else subprocess.Popen
+    proc = popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_for_checkpoint(model_dir, lambda: proc.poll() is None, 180, "the Horovod job")
         proc.send_signal(signal.SIGTERM)
@@ -84,3 +91,34 @@ def test_tfdist_horovodrun_lets_the_ranks_save_at_the_agreed_step(venv, tmp_path
     assert "preempted by signal 15 at global step 40" in out, out[-3000:]
     assert backups[-1] == "ckpt-0000000040.npz", backups
     assert "Traceback" not in out, out[-3000:]  # a failed rank is one line, not a traceback
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with namespaced_hosts(2, prefix="hgr") as cluster:
+        yield cluster
+
+
+@pytest.mark.integration
+def test_plain_horovodrun_gives_a_rank_on_another_host_no_time_at_all(venv, hosts, tmp_path):
+    """Upstream across hosts: the remote rank's ssh is terminated, the rank is gone at once,
+    and the chief reports a lost peer with only a periodic backup."""
+    status, backups, out = _preempted_job(venv, tmp_path, [os.path.join(venv, "bin",
+                                                                         "horovodrun")], hosts)
+    assert status == str(exit_codes.PEER_LOST), out[-3000:]
+    assert "ckpt-0000000040.npz" not in backups and "preempted" not in out, out[-3000:]
+
+
+@pytest.mark.integration
+def test_tfdist_horovodrun_lets_a_rank_on_another_host_save_too(venv, hosts, tmp_path):
+    status, backups, out = _preempted_job(
+        venv, tmp_path, [os.path.join(venv, "bin", "python"), "-m", "tfdist.horovodrun"], hosts)
+    assert status == str(exit_codes.PREEMPTED), out[-3000:]
+    # Both ranks got the signal and agreed: h1's through its ssh session, kept open.
+    for rank in (0, 1):
+        assert f"[{rank}]<stderr>:tfdist: preempted by signal 15 at global step 40" in out, out
+    assert backups[-1] == "ckpt-0000000040.npz", backups
+    deadline = time.monotonic() + 15  # nothing of the job left on either host (sshd aside)
+    while (left := hosts.processes("h0") + hosts.processes("h1")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == []

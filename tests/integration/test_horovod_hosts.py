@@ -59,12 +59,15 @@ def single(venv, tmp_path_factory):
     return result
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize("launcher,controller", [("horovodrun", "gloo"), ("horovodrun", "mpi"),
+                                                 ("tfdist.horovodrun", "gloo")])
 def test_horovodrun_over_ssh_on_two_hosts_equals_one_replica(venv, hosts, single, tmp_path,
-                                                              controller):
+                                                              launcher, controller):
+    """tfdist.horovodrun runs h1's rank through its relay and watchdog (compat.horovodrun_grace)."""
     dump = str(tmp_path / "dump")
-    cmd = [os.path.join(venv, "bin", "horovodrun"), "-np", "2", "-H", "h0:1,h1:1",
-           f"--{controller}"]
+    head = ([os.path.join(venv, "bin", "horovodrun")] if launcher == "horovodrun" else
+            [os.path.join(venv, "bin", "python"), "-m", "tfdist.horovodrun"])
+    cmd = [*head, "-np", "2", "-H", "h0:1,h1:1", f"--{controller}"]
     if controller == "mpi":
         cmd.append(f"--mpi-args={MPI_ARGS}")
     cmd += [os.path.join(venv, "bin", "python"), *_worker(dump, str(tmp_path / "model")),
