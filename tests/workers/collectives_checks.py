@@ -3,6 +3,7 @@
     python collectives_checks.py shm RANK SIZE PORT        # the shared-memory engine
     horovodrun -np 2 -H localhost:2 --gloo python collectives_checks.py horovod
     python collectives_checks.py shm-die RANK SIZE PORT    # rank SIZE-1 exits after joining
+    python -m tfdist.launch -n 2 -- python collectives_checks.py mwms  # MultiWorkerMirrored
 
 Each check runs on every rank against values it can compute by hand (rank r
 holds r + 1) and prints `CHECK <name> ok rank=<r>` or `CHECK <name> FAIL`
@@ -26,6 +27,15 @@ if ENGINE.startswith("shm"):
     runtime.init(int(sys.argv[2]), int(sys.argv[3]), ("127.0.0.1", int(sys.argv[4])),
                  timeout_s=30)
     from tfdist.collectives.shm import ShmCollectives as Engine
+elif ENGINE == "mwms":
+    import tensorflow as tf
+
+    from tfdist.collectives.mwms import MWMSCollectives
+
+    STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # from tfdist.launch's TF_CONFIG
+
+    def Engine():  # noqa: N802 - stands in for the engine classes
+        return MWMSCollectives(STRATEGY)
 else:
     from tfdist.collectives.horovod import HorovodCollectives as Engine
 
@@ -39,6 +49,24 @@ CHECKS = []
 def check(fn):
     CHECKS.append(fn)
     return fn
+
+
+# What MultiWorkerMirrored needs of its host collectives: agreement, a mean, a barrier
+# (it keeps variables and metrics in step itself, so no broadcast or callbacks).
+MWMS_CHECKS = ("average", "any_and_all_agreement", "barrier_waits_for_the_last_rank",
+               "broadcast_is_refused_with_the_reason")
+
+
+@check
+def broadcast_is_refused_with_the_reason():
+    if ENGINE != "mwms":
+        return
+    try:
+        COLL.broadcast([np.zeros(1)])
+    except NotImplementedError as e:
+        assert "keeps its variables identical" in str(e), e
+    else:
+        raise AssertionError("no error")
 
 
 def callbacks():
@@ -143,7 +171,7 @@ def main():
         print("no error", flush=True)
         os._exit(1)
     failed = False
-    for fn in CHECKS:
+    for fn in (c for c in CHECKS if ENGINE != "mwms" or c.__name__ in MWMS_CHECKS):
         try:
             fn()
             print(f"CHECK {fn.__name__} ok rank={RANK}", flush=True)
@@ -151,6 +179,10 @@ def main():
             failed = True
             print(f"CHECK {fn.__name__} FAIL rank={RANK}\n{traceback.format_exc()}", flush=True)
     sys.stdout.flush()
+    if ENGINE == "mwms":
+        # TensorFlow's own teardown, as the trainer exits: os._exit by one worker while the
+        # other still shuts down its collective executor aborts that one ("Socket closed").
+        sys.exit(1 if failed else 0)
     os._exit(1 if failed else 0)
 
 

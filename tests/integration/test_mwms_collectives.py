@@ -1,0 +1,29 @@
+"""tfdist.collectives on MultiWorkerMirrored: 2 real workers (tests/workers/collectives_checks.py).
+
+The preemption agreement and the barrier the trainer uses under multi_worker
+are these calls; here each is checked against values computed by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.conftest import WORKERS, run_py, tail
+
+pytestmark = pytest.mark.integration
+
+CHECKS = ["average", "any_and_all_agreement", "barrier_waits_for_the_last_rank",
+          "broadcast_is_refused_with_the_reason"]
+
+
+def test_mwms_average_agreement_and_barrier_on_two_workers():
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "120", "--", sys.executable,
+                   os.path.join(WORKERS, "collectives_checks.py"), "mwms"], timeout=180)
+    assert proc.returncode == 0 and "FAIL" not in proc.stdout, tail(proc)
+    for rank in (0, 1):
+        for name in CHECKS:
+            assert f"[worker {rank}] CHECK {name} ok rank={rank}" in proc.stdout, (name,
+                                                                                   tail(proc))
