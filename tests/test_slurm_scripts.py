@@ -51,6 +51,7 @@ def test_horovod_sbatch_uses_the_install_scripts_venv(tmp_path):
         (d / "__init__.py").write_text("")
     (fake / "common" / "util" / "safe_shell_exec.py").write_text(
         "GRACEFUL_TERMINATION_TIME_S = 5\ndef _exec_middleman(*a): pass\n")
+    (fake / "gloo_run.py").write_text("def get_remote_command(*a, **k): pass\n")
     (fake / "launch.py").write_text(
         "import os, sys\nfrom horovod.runner.common.util import safe_shell_exec as s\n"
         "def run_commandline():\n"
