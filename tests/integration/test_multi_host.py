@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -251,10 +252,13 @@ def test_shm_across_hosts_is_refused_before_tensorflow(hosts):
                  hosts.ssh_config, "--timeout", "120", "--", sys.executable, "-c", code])
     assert proc.returncode == exit_codes.CLUSTER, tail(proc)
     assert "--strategy shm trains processes on one host" in proc.stderr
-    # Whichever worker checks first refuses and names the *other* host's worker; the launcher
-    # then stops the second, so either address may be the one named.
-    named = [h for h in ("h0", "h1") if f"'{hosts.address(h)}:" in proc.stderr]
-    assert len(named) == 1 and "are on other hosts" in proc.stderr, tail(proc)
+    # Each worker that checks before the launcher stops it refuses, naming the *other* host's
+    # worker: one or both, in either order.
+    refusals = re.findall(r"\[worker \d@(h\d)\] error: --strategy shm .*? but workers "
+                          r"\['([\d.]+):\d+'\] are on other hosts", proc.stderr)
+    assert refusals, tail(proc)
+    for host, named in refusals:
+        assert named == hosts.address("h1" if host == "h0" else "h0"), refusals
 
 
 def test_parameter_server_with_tasks_on_both_hosts_trains(hosts, tmp_path):
