@@ -96,7 +96,7 @@ def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
                             "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
                             "--rounds", "2", "--max-rounds", "2", timeout=900)
-    assert result["engines"] == ["single"] and result["cpu_bind"] == "cores"  # the default
+    assert result["engines"] == ["single"] and result["cpu_bind"] == "none"  # the default
     r = result["results"]["single"]
     xs = r["examples_per_s"]
     assert r["rounds"] == 2 and len(xs["tfdist"]) == len(xs["raw"]) == 2

@@ -15,10 +15,10 @@ wider than `--ci-width`, until `--max-rounds` or `--max-minutes`. The goal
 (ratio >= 0.98) is "met" when the whole interval lies above it, "not met"
 when below, else "undecided".
 
-Workers are bound to cores by default (`--cpu-bind cores`), tfdist's and
-raw's alike: unbound, two workers and their TensorFlow threads migrate
-across the shared cores and per-round ratios spread 0.88-1.12 (12 rounds
-gave intervals 0.05-0.08 wide); bound, runs of the same job spread 1-2%.
+`--cpu-bind cores` binds each worker to its own share of the cores, tfdist's
+and raw's alike. It was meant to narrow the intervals (12 unbound rounds
+spread 0.88-1.12), but 4 bound rounds spread 0.74-1.28: the noise is between
+runs, so it is off by default.
 
 `--variants` adds tfdist runs with per-step machinery switched off, to
 attribute any gap: `--preempt-check-steps` large (the periodic SIGTERM
@@ -62,10 +62,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-minutes", type=float, default=90.0,
                         help="start no new round after this long")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cpu-bind", choices=runs.CPU_BIND, default="cores",
-                        help="cores (default): each worker, tfdist's and raw's alike, on its own "
-                             "share of the cores (tfdist.launch --cpu-bind cores; "
-                             "tfdist.bench.bind under horovodrun); runs spread less bound")
+    parser.add_argument("--cpu-bind", choices=runs.CPU_BIND, default="none",
+                        help="cores: each worker, tfdist's and raw's alike, on its own share of "
+                             "the cores (tfdist.launch --cpu-bind cores; tfdist.bench.bind under "
+                             "horovodrun). Measured: no narrower per-round spread than none")
     parser.add_argument("--variants", default="",
                         help=f"comma-separated, from {sorted(VARIANTS)}; '' for none")
     parser.add_argument("--controller", default="gloo", choices=("gloo", "mpi"),
