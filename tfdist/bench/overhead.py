@@ -17,7 +17,7 @@ when below, else "undecided".
 
 `--cpu-bind cores` binds each worker to its own share of the cores, tfdist's
 and raw's alike. It was meant to narrow the intervals (12 unbound rounds
-spread 0.88-1.12), but 4 bound rounds spread 0.74-1.28: the noise is between
+spread 0.88-1.12), but 4 bound rounds spread 0.75-1.28: the noise is between
 runs, so it is off by default.
 
 `--variants` adds tfdist runs with per-step machinery switched off, to
