@@ -3,8 +3,9 @@
 The same command line as Horovod's `horovodrun` (run with the Python of the
 venv that has Horovod), with one difference: after a SIGTERM or Ctrl-C it
 gives the ranks `--grace-s` seconds (default 60) to reach their agreed step,
-save a backup and exit before killing them, where horovodrun gives 5 s
-(`tfdist.compat.horovodrun_grace`). The batch script slurm/horovod.sbatch
+save a backup and exit before killing them, where horovodrun gives 5 s;
+ranks on other hosts (Gloo, `-H`) get the signal through their ssh session,
+which horovodrun would cut (`tfdist.compat.horovodrun_grace`). The batch script slurm/horovod.sbatch
 uses it.
 
     $V/bin/python -m tfdist.horovodrun -np 2 -H localhost:2 --gloo \\
@@ -18,7 +19,8 @@ import sys
 USAGE = ("usage: python -m tfdist.horovodrun [--grace-s SECONDS] HOROVODRUN-ARGS...\n"
          "  horovodrun's own command line (horovodrun --help lists it), giving the ranks\n"
          "  --grace-s seconds (default 60) after a SIGTERM or Ctrl-C to save before they\n"
-         "  are killed (horovodrun itself gives 5).")
+         "  are killed (horovodrun itself gives 5); ranks on other hosts get the signal\n"
+         "  through their ssh session instead of losing it.")
 
 
 def parse(argv: list[str]) -> tuple[float, list[str]]:
