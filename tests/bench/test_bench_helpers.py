@@ -66,7 +66,7 @@ def test_bench_modules_import_no_tensorflow():
     proc = run_py(["-c", "import sys, tfdist.bench.__main__, tfdist.bench.scaling, "
                          "tfdist.bench.allreduce, tfdist.bench.overhead, tfdist.bench.comm, "
                          "tfdist.bench.collectives, tfdist.bench.runs, tfdist.bench.timing, "
-                         "tfdist.bench.raw_keras, tfdist.bench.train_worker; "
+                         "tfdist.bench.raw_keras, tfdist.bench.train_worker, tfdist.bench.paired_worker; "
                          "print('tensorflow' in sys.modules)"], timeout=60)
     assert proc.returncode == 0, tail(proc)
     assert proc.stdout.strip() == "False"
@@ -191,3 +191,59 @@ def test_bench_hosts_are_per_run_and_only_dead_runs_clusters_are_swept():
     names = ["tfdist-bench-10", "tfdist-bench-11", "tfdist", "t123-abc", "tfdist-bench-x",
              "tfdist-bench"]
     assert on_hosts.stale_clusters(names, alive=lambda pid: pid == 11) == ["tfdist-bench-10"]
+
+
+def test_paired_segments_are_timed_from_their_turn_to_their_last_step():
+    from tfdist.bench import paired_worker
+
+    # k=2: steps end at 1,2 | turn back at 5: 6,7 | turn back at 10: 11,13 (a slow step).
+    stamps, starts = [1.0, 2.0, 6.0, 7.0, 11.0, 13.0], [5.0, 10.0]
+    assert paired_worker.segment_times(stamps, starts, 2) == [1.0, 1.5]
+    assert paired_worker.segment_times(stamps, starts, 2, warmup=2) == [1.5]
+    assert paired_worker.segment_times(stamps, [5.0, 10.0, 14.0], 2) == [1.0, 1.5]  # no 4th
+    assert [overhead.warmup_segments(w, 4) for w in (0, 1, 4, 5, 8)] == [1, 1, 1, 2, 2]
+
+
+def test_paired_turns_alternate_between_threads_and_a_failure_ends_the_wait():
+    import threading
+
+    from tfdist.bench import paired_worker
+
+    turns, seen = paired_worker.Turns(), []
+
+    def other():
+        for i in range(3):
+            turns.wait_for("raw")
+            seen.append(f"raw{i}")
+            turns.hand_to("tfdist")
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    for i in range(3):
+        seen.append(f"tfdist{i}")
+        turns.hand_to("raw")
+        turns.wait_for("tfdist")
+    thread.join(5)
+    assert seen == ["tfdist0", "raw0", "tfdist1", "raw1", "tfdist2", "raw2"]
+    turns.hand_to("raw")
+    turns.fail(ValueError("boom"))
+    with pytest.raises(RuntimeError, match="other side of the paired benchmark failed: "
+                                           "ValueError: boom"):
+        turns.wait_for("tfdist")
+    with pytest.raises(RuntimeError, match="kept the turn for more than 0.01 s"):
+        paired_worker.Turns().wait_for("raw", timeout_s=0.01)
+
+
+def test_overhead_options_are_checked_before_anything_runs():
+    args = type("A", (), {"compare": "segments", "segment_steps": 1, "segments": 8,
+                          "rounds": 2, "max_rounds": 2})
+    with pytest.raises(SystemExit, match="--variants are separate tfdist runs: they need "
+                                         "--compare runs. Received: --compare segments "
+                                         "--variants no_csv_log"):
+        overhead._check(args, ["no_csv_log"])
+    with pytest.raises(SystemExit, match="--segment-steps >= 2 .* Received: --segment-steps 1"):
+        overhead._check(args, [])
+    args.compare = "runs"
+    overhead._check(args, ["no_csv_log"])  # segment sizes do not apply to separate runs
+    with pytest.raises(SystemExit, match="unknown variants \\['fast'\\]"):
+        overhead._check(args, ["fast"])

@@ -95,8 +95,10 @@ def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
 def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
                             "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
-                            "--rounds", "2", "--max-rounds", "2", timeout=900)
+                            "--rounds", "2", "--max-rounds", "2", "--compare", "runs",
+                            timeout=900)
     assert result["engines"] == ["single"] and result["cpu_bind"] == "none"  # the default
+    assert result["compare"] == "runs" and result["results"]["single"]["segment_step_s"] == []
     r = result["results"]["single"]
     xs = r["examples_per_s"]
     assert r["rounds"] == 2 and len(xs["tfdist"]) == len(xs["raw"]) == 2
@@ -108,6 +110,27 @@ def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
     assert r["verdict"] in ("met", "not met", "undecided") and len(r["load_avg_1m"]) == 2
     assert (result["ratio"], result["ci95"]) == (r["ratio"], r["ci95"])
     assert "single: tfdist/raw = " in stdout and "95% CI [" in stdout
+
+
+def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
+    # Two MWMS workers each run tfdist's fit and the raw fit on two threads, handing the
+    # turn over every 3 steps: their collectives must never interleave.
+    result, stdout = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
+                            "--recipe", "wide_mlp", "--global-batch-size", "16",
+                            "--segment-steps", "3", "--segments", "4", "--warmup", "4",
+                            "--rounds", "2", "--max-rounds", "2", timeout=900)
+    assert result["compare"] == "segments" and result["segment_steps"] == 3
+    r = result["results"]["multi_worker"]
+    assert r["rounds"] == 2 and len(r["segment_step_s"]) == 2
+    for round_, tfdist, raw in zip(r["segment_step_s"], r["examples_per_s"]["tfdist"],
+                                   r["examples_per_s"]["raw"]):
+        # Two warm-up segments (4 steps at 3 per segment), then 4 counted of each side.
+        assert len(round_["tfdist_step_s"]) == len(round_["raw_step_s"]) == 4
+        assert tfdist == pytest.approx(16 * 4 / sum(round_["tfdist_step_s"]))
+        assert raw == pytest.approx(16 * 4 / sum(round_["raw_step_s"]))
+    assert r["ratios"] == pytest.approx([t / w for t, w in zip(r["examples_per_s"]["tfdist"],
+                                                               r["examples_per_s"]["raw"])])
+    assert "multi_worker: tfdist/raw = " in stdout and "alternating segments" in result["note"]
 
 
 def test_collectives_two_workers_match_numpy(tmp_path):

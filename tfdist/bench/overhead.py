@@ -1,28 +1,30 @@
 """`python -m tfdist.bench overhead`: tfdist's trainer vs the same engine driven by hand.
 
 For each engine (`--engines`: multi_worker, horovod, shm; `single` with
-`-n 1`) the same recipe, global batch, optimizer and step count run through
-`tfdist.train`'s trainer (`tfdist.bench.train_worker`) and through
-`tfdist.bench.raw_keras` (the engine's own API and Keras `fit`, no trainer).
-Both time steps with the same callback and skip the same warm-up steps.
+`-n 1`) the same recipe, global batch and optimizer run through
+`tfdist.train`'s trainer and through `tfdist.bench.raw_keras` (the engine's
+own API and Keras `fit`, no trainer). The ratio is tfdist/raw examples/s.
 
-Rounds are interleaved: each round runs every engine's pair back to back,
-tfdist first in odd rounds and raw first in even ones, so that load drifts
-on shared cores hit both alike. Each round gives one paired ratio
-tfdist/raw; the reported ratio is their mean with a 95% t interval. After
-`--rounds` rounds, more are added for the engines whose interval is still
-wider than `--ci-width`, until `--max-rounds` or `--max-minutes`. The goal
-(ratio >= 0.98) is "met" when the whole interval lies above it, "not met"
-when below, else "undecided".
+`--compare segments` (the default): each round is one set of worker
+processes in which tfdist and raw take turns every `--segment-steps` steps
+(`tfdist.bench.paired_worker`), so whatever slows a process or a few seconds
+of the machine slows both. `--compare runs`: tfdist and raw each run in
+their own processes, `--steps` steps, interleaved (tfdist first in odd
+rounds, raw first in even ones). Measured on 2 shared cores, separate runs
+spread 0.75-1.28 in per-round tfdist/raw, bound to cores or not: the noise
+is between processes, which only the segments cancel.
 
-`--cpu-bind cores` binds each worker to its own share of the cores, tfdist's
-and raw's alike. It was meant to narrow the intervals (12 unbound rounds
-spread 0.88-1.12), but 4 bound rounds spread 0.75-1.28: the noise is between
-runs, so it is off by default.
+Each round gives one ratio per engine; the reported ratio is their mean with
+a 95% t interval. After `--rounds` rounds, more are added for the engines
+whose interval is still wider than `--ci-width`, until `--max-rounds` or
+`--max-minutes`. The goal (ratio >= 0.98) is "met" when the whole interval
+lies above it, "not met" when below, else "undecided".
 
-`--variants` adds tfdist runs with per-step machinery switched off, to
-attribute any gap: `--preempt-check-steps` large (the periodic SIGTERM
-agreement, a one-scalar all-reduce across workers) and `--csv-log false`.
+`--cpu-bind cores` binds each worker to its own share of the cores.
+`--variants` (with `--compare runs`) adds tfdist runs with per-step
+machinery switched off, to attribute a gap: `--preempt-check-steps` large
+(the periodic SIGTERM agreement, a one-scalar all-reduce across workers) and
+`--csv-log false`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tfdist.bench import runs, stats
 DESCRIPTION = "throughput of tfdist.train vs the same engine driven by hand (ratio = tfdist/raw)"
 GOAL_RATIO = 0.98
 ENGINES = ("multi_worker", "horovod", "shm")
+COMPARE = ("segments", "runs")
 # name -> extra tfdist.train flags; each isolates one per-step cost of the trainer.
 VARIANTS = {"no_preempt_agreement": ["--preempt-check-steps", "1000000"],
             "no_csv_log": ["--csv-log", "false"]}
@@ -52,8 +55,18 @@ def add_arguments(parser) -> None:
                         help=f"comma-separated, from {list(ENGINES)} (default: all three with "
                              "-n >= 2, horovod only when its venv exists; single with -n 1)")
     parser.add_argument("--global-batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--compare", choices=COMPARE, default="segments",
+                        help="segments: tfdist and raw alternate in the same worker processes "
+                             "(tfdist.bench.paired_worker); runs: each in its own processes")
+    parser.add_argument("--segment-steps", type=int, default=4,
+                        help="--compare segments: steps of each side before the other's turn")
+    parser.add_argument("--segments", type=int, default=40,
+                        help="--compare segments: counted segments of each side per round, "
+                             "after the segments that hold the --warmup steps")
+    parser.add_argument("--steps", type=int, default=60, help="--compare runs: steps per run")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="steps not timed at the start of each run (--compare segments: "
+                             "whole segments, at least one)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds every engine runs (>= 2)")
     parser.add_argument("--max-rounds", type=int, default=30,
                         help="rounds at most, for an engine whose interval is still too wide")
@@ -110,6 +123,24 @@ def _tfdist_cmd(args, engine: str, model_dir: str, extra: list[str]) -> list[str
     return _launch(args, engine, "tfdist.bench.train_worker", flags)
 
 
+def warmup_segments(warmup_steps: int, segment_steps: int) -> int:
+    """Pure function: segments of each side not timed, so that >= `warmup_steps` steps are not."""
+    return max(1, -(-warmup_steps // segment_steps))
+
+
+def _paired_cmd(args, engine: str, model_dir: str) -> list[str]:
+    warmup = warmup_segments(args.warmup, args.segment_steps)
+    steps = (args.segments + warmup) * args.segment_steps
+    spec = {"recipe": args.recipe, "global_batch_size": args.global_batch_size,
+            "segment_steps": args.segment_steps, "warmup_segments": warmup,
+            "threads": args.threads}
+    flags = [json.dumps(spec), args.recipe, "--strategy", engine,
+             "--global-batch-size", str(args.global_batch_size), "--epochs", "1",
+             "--steps-per-epoch", str(steps), "--threads", str(args.threads),
+             "--verbose", "0", "--model-dir", model_dir, "--resume", "false"]
+    return _launch(args, engine, "tfdist.bench.paired_worker", flags)
+
+
 def _raw_cmd(args, engine: str) -> list[str]:
     spec = {"recipe": args.recipe, "global_batch_size": args.global_batch_size,
             "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
@@ -150,36 +181,61 @@ def progress(done: int, per: dict, engines: list[str], width: float) -> str:
     return f"overhead: after round {done}: " + "; ".join(parts)
 
 
-def run(args) -> dict:
-    """Interleaved rounds of every engine's tfdist and raw runs; returns ratios with intervals."""
-    variants = [v for v in args.variants.split(",") if v]
+def _check(args, variants: list[str]) -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: unknown variants {unknown}; valid: {sorted(VARIANTS)}")
+    if variants and args.compare != "runs":
+        raise SystemExit(f"error: --variants are separate tfdist runs: they need --compare runs. "
+                         f"Received: --compare {args.compare} --variants {','.join(variants)}.")
+    if args.compare == "segments" and (args.segment_steps < 2 or args.segments < 1):
+        raise SystemExit("error: --compare segments needs --segment-steps >= 2 (a raw segment "
+                         "is timed from its first step's end) and --segments >= 1. Received: "
+                         f"--segment-steps {args.segment_steps} --segments {args.segments}.")
     if args.rounds < 2 or args.max_rounds < args.rounds:
         raise SystemExit("error: an interval needs --rounds >= 2 and --max-rounds >= --rounds. "
                          f"Received: --rounds {args.rounds} --max-rounds {args.max_rounds}.")
+
+
+def _one_round(args, engine: str, r: int, names: list[str], env: dict) -> tuple[dict, dict]:
+    """({name: examples/s}, per-segment step times or {}) of one round of `engine`."""
+    out = os.path.join(os.path.abspath(args.out), "runs")
+    if args.compare == "segments":
+        result = runs.run(_paired_cmd(args, engine, os.path.join(out, f"{engine}_paired_{r}")),
+                          args.timeout + 60, env, what=f"overhead {engine} round {r}")[0]
+        return result["examples_per_s"], {k: result[k] for k in ("tfdist_step_s", "raw_step_s")}
+    # Alternate which runs first, so that a drift within a round favours neither.
+    xs = {}
+    for name in (names if r % 2 == 0 else names[::-1]):
+        cmd = (_raw_cmd(args, engine) if name == "raw" else
+               _tfdist_cmd(args, engine, os.path.join(out, f"{engine}_{name}_{r}"),
+                           VARIANTS.get(name, [])))
+        xs[name] = runs.run(cmd, args.timeout + 60, env,
+                            what=f"overhead {engine} {name} round {r}")[0]["examples_per_s"]
+    return xs, {}
+
+
+def run(args) -> dict:
+    """Interleaved rounds of every engine's tfdist and raw runs; returns ratios with intervals."""
+    variants = [v for v in args.variants.split(",") if v]
+    _check(args, variants)
     engines = engines_for(args)
     env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
     names = ["tfdist", "raw", *variants]
-    per = {e: {"examples_per_s": {n: [] for n in names}, "load_avg_1m": []} for e in engines}
+    per = {e: {"examples_per_s": {n: [] for n in names}, "load_avg_1m": [], "segments": []}
+           for e in engines}
     start = time.monotonic()
     active, r = list(engines), 0
     while active and r < args.max_rounds:
         if r >= args.rounds and time.monotonic() - start > args.max_minutes * 60:
             break
         for engine in active:
-            # Alternate which runs first, so that a drift within a round favours neither.
-            order = names if r % 2 == 0 else names[::-1]
             per[engine]["load_avg_1m"].append(runs.load_average())
-            for name in order:
-                model_dir = os.path.join(os.path.abspath(args.out), "runs",
-                                         f"{engine}_{name}_{r}")
-                cmd = (_raw_cmd(args, engine) if name == "raw" else
-                       _tfdist_cmd(args, engine, model_dir, VARIANTS.get(name, [])))
-                result = runs.run(cmd, args.timeout + 60, env,
-                                  what=f"overhead {engine} {name} round {r}")[0]
-                per[engine]["examples_per_s"][name].append(result["examples_per_s"])
+            xs, segments = _one_round(args, engine, r, names, env)
+            for name in names:
+                per[engine]["examples_per_s"][name].append(xs[name])
+            if segments:
+                per[engine]["segments"].append(segments)
         r += 1
         print(progress(r, per, engines, args.ci_width), file=sys.stderr, flush=True)
         if r >= args.rounds:
@@ -195,19 +251,24 @@ def run(args) -> dict:
             "median_examples_per_s": {n: statistics.median(v) for n, v in xs.items()},
             "variant_ratios": {v: summarize(xs[v], xs["raw"])["ratio"] for v in variants},
             "load_avg_1m": per[engine]["load_avg_1m"],
+            "segment_step_s": per[engine]["segments"],
             "resolved": summarize(xs["tfdist"], xs["raw"])["ci_width"] < args.ci_width}
     head = results[engines[0]]
     return {"recipe": args.recipe, "workers": args.workers, "engines": engines,
             "global_batch_size": args.global_batch_size, "steps": args.steps,
             "warmup_steps": args.warmup, "min_rounds": args.rounds,
             "max_rounds": args.max_rounds, "target_ci_width": args.ci_width,
-            "threads": args.threads, "cpu_bind": args.cpu_bind, "results": results,
+            "threads": args.threads, "cpu_bind": args.cpu_bind, "compare": args.compare,
+            "segment_steps": args.segment_steps, "segments": args.segments, "results": results,
             "ratio": head["ratio"], "ci95": head["ci95"], "goal_ratio": GOAL_RATIO,
             "elapsed_s": time.monotonic() - start,
             "load_avg_1m": {"min": min(min(v["load_avg_1m"]) for v in results.values()),
                             "max": max(max(v["load_avg_1m"]) for v in results.values())},
-            "note": "ratio = mean over rounds of tfdist/raw examples/s (steady state, after the "
-                    "warm-up steps), 95% t interval; runs interleaved " + " / ".join(names)}
+            "note": "ratio = mean over rounds of tfdist/raw examples/s, 95% t interval; " + (
+                "each round one set of worker processes alternating segments of "
+                f"{args.segment_steps} tfdist and raw steps (the first of each warm-up)"
+                if args.compare == "segments" else
+                "steady state after the warm-up steps; runs interleaved " + " / ".join(names))}
 
 
 def table(result: dict) -> str:

@@ -23,12 +23,23 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any, Callable, NamedTuple
 
 ENGINES = ("single", "multi_worker", "horovod", "shm")
 
 
-def _strategy_and_rank(engine: str, tf_config: dict | None):
-    """(strategy, rank, size, wrap optimizer, callbacks) for `engine`, set up by hand."""
+class Engine(NamedTuple):
+    """An engine set up by hand: what `build` and `fit` need from it."""
+
+    strategy: Any
+    rank: int
+    size: int  # processes that each read their own slice (1: the strategy shards)
+    wrap: Callable  # optimizer -> the engine's distributed optimizer
+    callbacks: list  # e.g. broadcasting rank 0's initial state
+
+
+def set_up(engine: str, tf_config: dict | None) -> Engine:
+    """Sets `engine` up by hand, as its own docs prescribe (once per process)."""
     import tensorflow as tf
 
     if engine == "multi_worker":
@@ -38,67 +49,101 @@ def _strategy_and_rank(engine: str, tf_config: dict | None):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+        return attach(engine, strategy, tf_config)
+    if engine == "horovod":
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+    if engine == "shm":
+        from tfdist import shm
+
+        workers = tf_config["cluster"]["worker"]
+        host, port = workers[0].rsplit(":", 1)
+        shm.init(tf_config["task"]["index"], len(workers), (host, int(port)))
+    return attach(engine, tf.distribute.get_strategy(), tf_config)
+
+
+def attach(engine: str, strategy, tf_config: dict | None) -> Engine:
+    """The `Engine` of `engine` already set up in this process (by `set_up` or by tfdist).
+
+    Args:
+        engine: One of ENGINES.
+        strategy: The strategy that was built (MultiWorkerMirrored's, else the default).
+        tf_config: The parsed TF_CONFIG (multi_worker, shm), or None.
+    """
+    if engine == "multi_worker":
         # MWMS shards the global batch itself: every process reads the whole dataset.
-        return strategy, tf_config["task"]["index"], 1, (lambda o: o), []
+        return Engine(strategy, tf_config["task"]["index"], 1, lambda o: o, [])
     if engine == "horovod":
         import horovod.tensorflow as hvd
 
         from tfdist import horovod as thvd
         from tfdist.horovod import callbacks as hvd_callbacks
 
-        hvd.init()
-        return (tf.distribute.get_strategy(), hvd.rank(), hvd.size(), thvd.DistributedOptimizer,
-                [hvd_callbacks.BroadcastInitialState(root_rank=0)])
+        return Engine(strategy, hvd.rank(), hvd.size(), thvd.DistributedOptimizer,
+                      [hvd_callbacks.BroadcastInitialState(root_rank=0)])
     if engine == "shm":
         from tfdist import shm
 
-        workers = tf_config["cluster"]["worker"]
-        host, port = workers[0].rsplit(":", 1)
-        rank = tf_config["task"]["index"]
-        shm.init(rank, len(workers), (host, int(port)))
-        return (tf.distribute.get_strategy(), rank, len(workers), shm.DistributedOptimizer,
-                [shm.BroadcastInitialState(root=0)])
-    return tf.distribute.get_strategy(), 0, 1, (lambda o: o), []
+        comm = shm.communicator()
+        return Engine(strategy, comm.rank, comm.size, shm.DistributedOptimizer,
+                      [shm.BroadcastInitialState(root=0)])
+    return Engine(strategy, 0, 1, lambda o: o, [])
 
 
-def main(spec: dict) -> int:
+def resolve_engine(spec: dict, tf_config: dict | None) -> str:
+    """Pure function: spec["engine"], checked; "single" when one process has nothing to share."""
+    engine = spec.get("engine", "multi_worker")
+    if engine not in ENGINES:
+        raise SystemExit(f"error: engine must be one of {ENGINES}. Received: {engine!r}.")
+    if engine in ("multi_worker", "shm") and not (tf_config and
+                                                  len(tf_config["cluster"]["worker"]) > 1):
+        return "single"  # one process: nothing to distribute
+    return engine
+
+
+def build(spec: dict, engine: str, eng: Engine):
+    """(model, dataset): the recipe's model compiled with plain SGD, and its batched data."""
     import keras
     import tensorflow as tf
 
     from tfdist import recipe as recipe_lib
-    from tfdist.bench import runs, timing
 
-    tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
-    engine = spec.get("engine", "multi_worker")
-    if engine not in ENGINES:
-        raise SystemExit(f"error: engine must be one of {ENGINES}. Received: {engine!r}.")
     recipe = recipe_lib.load(spec["recipe"])
     cfg = {**recipe.DEFAULTS, **spec.get("overrides", {})}
-    tf_config = json.loads(os.environ.get("TF_CONFIG", "null"))
-    if engine in ("multi_worker", "shm") and not (tf_config and
-                                                  len(tf_config["cluster"]["worker"]) > 1):
-        engine = "single"  # one process: nothing to distribute
-    strategy, rank, size, wrap, callbacks = _strategy_and_rank(engine, tf_config)
     keras.utils.set_random_seed(0)
     ds = recipe.build_dataset(cfg, "train")
-    if size > 1:  # one replica per process: each reads its slice of every global batch
-        ds = ds.shard(size, rank)
-    ds = ds.batch(spec["global_batch_size"] // size, drop_remainder=True)
+    if eng.size > 1:  # one replica per process: each reads its slice of every global batch
+        ds = ds.shard(eng.size, eng.rank)
+    ds = ds.batch(spec["global_batch_size"] // eng.size, drop_remainder=True)
     ds = ds.repeat().prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     ds = ds.with_options(options)
-    with strategy.scope():
+    with eng.strategy.scope():
         model = recipe.build_model(cfg)
-        optimizer = wrap(keras.optimizers.SGD(cfg.get("learning_rate", 0.05),
-                                              momentum=cfg.get("momentum", 0.0)))
+        optimizer = eng.wrap(keras.optimizers.SGD(cfg.get("learning_rate", 0.05),
+                                                  momentum=cfg.get("momentum", 0.0)))
         # shm's all-reduce is a numpy_function, which XLA cannot compile.
         model.compile(optimizer=optimizer, **recipe.compile_kwargs(cfg),
                       **({"jit_compile": False} if engine == "shm" else {}))
+    return model, ds
+
+
+def main(spec: dict) -> int:
+    import tensorflow as tf
+
+    from tfdist.bench import runs, timing
+
+    tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
+    tf_config = json.loads(os.environ.get("TF_CONFIG", "null"))
+    engine = resolve_engine(spec, tf_config)
+    eng = set_up(engine, tf_config)
+    model, ds = build(spec, engine, eng)
     timer = timing.step_timer()
-    model.fit(ds, epochs=1, steps_per_epoch=spec["steps"], verbose=0,
-              callbacks=[*callbacks, timer])
-    if rank == 0:
+    model.fit(ds, epochs=1, steps_per_epoch=spec["steps"], verbose=0, shuffle=False,
+              callbacks=[*eng.callbacks, timer])
+    if eng.rank == 0:
         step_s = timing.steady_step_s(timer.times, spec["warmup"])
         runs.emit({"engine": engine, "steps": len(timer.times), "step_s": step_s,
                    "examples_per_s": spec["global_batch_size"] / step_s})
