@@ -106,6 +106,19 @@ def test_signal_names_on_stdin_are_forwarded():
     assert out == "INT\n" and p.returncode == 3
 
 
+def test_forward_signal_writes_the_name_and_shell_status_maps_signals():
+    import io
+    import signal
+
+    buf = io.BytesIO()
+    remote.forward_signal(buf, signal.SIGTERM)
+    remote.forward_signal(buf, signal.SIGINT)
+    assert buf.getvalue() == b"TERM\nINT\n"
+    buf.close()
+    remote.forward_signal(buf, signal.SIGTERM)  # an ended session is no error
+    assert [remote.shell_status(rc) for rc in (0, 4, -15, -9)] == [0, 4, 143, 137]
+
+
 def test_closed_stdin_stops_the_worker_and_its_children(tmp_path):
     pidfile = tmp_path / "child"
     code = ("import subprocess, sys, time\n"

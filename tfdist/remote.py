@@ -231,6 +231,23 @@ def unreachable(hosts: list[str], ssh_config: str | None,
     return out
 
 
+def forward_signal(stdin, sig) -> None:
+    """Asks a WATCHDOG session to pass `sig` to its worker: the name on the session's stdin.
+
+    A session that already ended is no error (the worker is gone).
+    """
+    try:
+        stdin.write(f"{signal.Signals(sig).name[3:]}\n".encode())
+        stdin.flush()
+    except (OSError, ValueError):  # BrokenPipeError is an OSError; ValueError: closed
+        pass
+
+
+def shell_status(returncode: int) -> int:
+    """Pure function: a Popen return code as a shell reports it (signal N as 128+N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 class RemoteProcess(subprocess.Popen):
     """An ssh session running one worker under WATCHDOG; behaves like its Popen.
 
@@ -266,12 +283,7 @@ class RemoteProcess(subprocess.Popen):
     def send_signal(self, sig):
         if self.poll() is not None:
             return
-        name = signal.Signals(sig).name[3:]
-        try:
-            self.stdin.write(f"{name}\n".encode())
-            self.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            pass
+        forward_signal(self.stdin, sig)
 
     def kill(self):
         """Kills the remote worker if reachable, then the local ssh."""

@@ -34,6 +34,10 @@ def test_commands_bind_only_when_asked():
     assert "tfdist.bench.bind" not in runs.horovod_command("/v", 2, "gloo", "m", ["x"])
     with pytest.raises(ValueError, match="'all'"):
         runs.launch_command(2, "m", [], 60, "all")
+    baseline = runs.launch_command(1, "m", ["x"], 60, share="0/2")
+    assert baseline[baseline.index("--") + 1:] == [
+        sys.executable, "-m", "tfdist.bench.bind", "--share", "0/2", "--",
+        sys.executable, "-m", "m", "x"]
 
 
 def _affinity(args, **env):

@@ -48,12 +48,18 @@ def _check_bind(cpu_bind: str) -> None:
 
 
 def launch_command(workers: int, module: str, args: list[str], timeout_s: float,
-                   cpu_bind: str = "none") -> list[str]:
-    """Pure function: `python -m tfdist.launch -n N [--cpu-bind cores] -- python -m MODULE ARGS`."""
+                   cpu_bind: str = "none", share: str | None = None) -> list[str]:
+    """Pure function: `python -m tfdist.launch -n N [--cpu-bind cores] -- python -m MODULE ARGS`.
+
+    `share="I/N"` runs MODULE under `tfdist.bench.bind --share I/N`: on the
+    share of the cores worker I of N would get (e.g. a 1-worker baseline
+    bound as worker 0 of a bound N-worker run).
+    """
     _check_bind(cpu_bind)
     bind = ["--cpu-bind", cpu_bind] if cpu_bind != "none" else []
+    wrap = [sys.executable, "-m", "tfdist.bench.bind", "--share", share, "--"] if share else []
     return [sys.executable, "-m", "tfdist.launch", "-n", str(workers), "--timeout",
-            f"{timeout_s:g}", *bind, "--", sys.executable, "-m", module, *args]
+            f"{timeout_s:g}", *bind, "--", *wrap, sys.executable, "-m", module, *args]
 
 
 def horovod_command(venv: str, ranks: int, controller: str, module: str, args: list[str],

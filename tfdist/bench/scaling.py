@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 
 from tfdist import compression as compression_lib
 from tfdist.bench import on_hosts, runs
@@ -171,13 +170,11 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
         return {**result, "workers": workers, "load_avg_1m": load}
     bind = getattr(args, "cpu_bind", "none")
     if workers == 1:
-        train = _train_args(args, recipe, "single", gbs, model_dir)
-        if bind == "cores":  # the baseline gets the share worker 0 of N gets, not every core
-            cmd = runs.launch_command(1, "tfdist.bench.bind", [
-                "--share", f"0/{args.workers}", "--", sys.executable, "-m",
-                "tfdist.bench.train_worker", *train], args.timeout)
-        else:
-            cmd = runs.launch_command(1, "tfdist.bench.train_worker", train, args.timeout)
+        # Bound, the baseline gets the share worker 0 of N gets, not every core.
+        cmd = runs.launch_command(1, "tfdist.bench.train_worker",
+                                  _train_args(args, recipe, "single", gbs, model_dir),
+                                  args.timeout, share=f"0/{args.workers}" if bind == "cores"
+                                  else None)
     elif strategy == "horovod":
         cmd = runs.horovod_command(_venv(args), workers, args.controller,
                                    "tfdist.bench.train_worker",

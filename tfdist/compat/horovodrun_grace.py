@@ -106,19 +106,12 @@ def relay(argv: list[str]) -> int:
     Returns:
         The session's status (a signal N as 128+N, as a shell reports it).
     """
+    from tfdist.remote import forward_signal, shell_status
+
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE)
-
-    def forward(signum, _frame):
-        try:
-            proc.stdin.write(f"{signal.Signals(signum).name[3:]}\n".encode())
-            proc.stdin.flush()
-        except (OSError, ValueError):
-            pass  # the session already ended
-
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    rc = proc.wait()
-    return 128 - rc if rc < 0 else rc
+        signal.signal(sig, lambda signum, _frame: forward_signal(proc.stdin, signum))
+    return shell_status(proc.wait())
 
 
 def _middleman(grace_s: float, *args, **kwargs):
