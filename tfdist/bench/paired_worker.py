@@ -116,8 +116,8 @@ def side_callback(name: str, other: str, turns: Turns, k: int, total_steps: int)
 
         def on_train_end(self, logs=None):
             # Only now: the end of raw's fit reads its metrics across the workers, and
-            # those collectives must not interleave with tfdist's. (Handing over at raw's
-            # last step instead, one paired run of the first nine failed in a
+            # those collectives must not interleave with tfdist's. (With the hand-over at
+            # raw's last step instead, one of the first paired runs failed in a
             # CollectiveReduceV2.)
             if name == "raw":
                 turns.hand_to(other)
@@ -163,10 +163,15 @@ def main(spec: dict, argv: list[str]) -> int:
     recipe, cfg = train.parse(argv)
     info = cluster.detect()
     engine = raw_keras.resolve_engine({**spec, "engine": cfg["strategy"]}, info.tf_config)
-    k = spec["segment_steps"]
-    tfdist_side, raw_side, thread = paired(spec, engine, cfg["steps_per_epoch"])
+    k, total = spec["segment_steps"], cfg["steps_per_epoch"]
+    if k < 2 or total < 2 * k or total % k or cfg["epochs"] != 1:
+        raise SystemExit(f"error: the paired benchmark needs --epochs 1 and --steps-per-epoch a "
+                         f"multiple (>= 2) of segment_steps >= 2. Received: --epochs "
+                         f"{cfg['epochs']} --steps-per-epoch {total}, segment_steps {k}.")
+    tfdist_side, raw_side, thread = paired(spec, engine, total)
     result = trainer.train(recipe, cfg, info, callbacks=[tfdist_side])
-    thread[0].join()
+    for t in thread:
+        t.join()
     if info.is_chief:
         w = spec.get("warmup_segments", 1)
         step_s = {"tfdist": segment_times(tfdist_side.stamps, tfdist_side.starts, k, w),
