@@ -21,8 +21,8 @@ whose interval is still wider than `--ci-width`, until `--max-rounds` or
 lies above it, "not met" when below, else "undecided".
 
 `--cpu-bind cores` binds each worker to its own share of the cores.
-`--variants` (with `--compare runs`) adds tfdist runs with per-step
-machinery switched off, to attribute a gap: `--preempt-check-steps` large
+`--variants` adds tfdist runs (with segments: paired runs, each against
+its own raw side) with per-step machinery switched off, to attribute a gap: `--preempt-check-steps` large
 (the periodic SIGTERM agreement, a one-scalar all-reduce across workers) and
 `--csv-log false`.
 """
@@ -128,7 +128,7 @@ def warmup_segments(warmup_steps: int, segment_steps: int) -> int:
     return max(1, -(-warmup_steps // segment_steps))
 
 
-def _paired_cmd(args, engine: str, model_dir: str) -> list[str]:
+def _paired_cmd(args, engine: str, model_dir: str, extra: list[str]) -> list[str]:
     warmup = warmup_segments(args.warmup, args.segment_steps)
     steps = (args.segments + warmup) * args.segment_steps
     spec = {"recipe": args.recipe, "global_batch_size": args.global_batch_size,
@@ -137,7 +137,7 @@ def _paired_cmd(args, engine: str, model_dir: str) -> list[str]:
     flags = [json.dumps(spec), args.recipe, "--strategy", engine,
              "--global-batch-size", str(args.global_batch_size), "--epochs", "1",
              "--steps-per-epoch", str(steps), "--threads", str(args.threads),
-             "--verbose", "0", "--model-dir", model_dir, "--resume", "false"]
+             "--verbose", "0", "--model-dir", model_dir, "--resume", "false", *extra]
     return _launch(args, engine, "tfdist.bench.paired_worker", flags)
 
 
@@ -185,9 +185,6 @@ def _check(args, variants: list[str]) -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: unknown variants {unknown}; valid: {sorted(VARIANTS)}")
-    if variants and args.compare != "runs":
-        raise SystemExit(f"error: --variants are separate tfdist runs: they need --compare runs. "
-                         f"Received: --compare {args.compare} --variants {','.join(variants)}.")
     if args.compare == "segments" and (args.segment_steps < 2 or args.segments < 1):
         raise SystemExit("error: --compare segments needs --segment-steps >= 2 (a raw segment "
                          "is timed from its first step's end) and --segments >= 1. Received: "
@@ -197,13 +194,26 @@ def _check(args, variants: list[str]) -> None:
                          f"Received: --rounds {args.rounds} --max-rounds {args.max_rounds}.")
 
 
-def _one_round(args, engine: str, r: int, names: list[str], env: dict) -> tuple[dict, dict]:
-    """({name: examples/s}, per-segment step times or {}) of one round of `engine`."""
+def _one_round(args, engine: str, r: int, names: list[str], env: dict):
+    """({name: examples/s}, {variant: its tfdist/raw}, per-segment step times or {}).
+
+    With segments each variant is a paired run of its own, its ratio against
+    the raw side of that run; with runs, against the round's raw run.
+    """
     out = os.path.join(os.path.abspath(args.out), "runs")
     if args.compare == "segments":
-        result = runs.run(_paired_cmd(args, engine, os.path.join(out, f"{engine}_paired_{r}")),
-                          args.timeout + 60, env, what=f"overhead {engine} round {r}")[0]
-        return result["examples_per_s"], {k: result[k] for k in ("tfdist_step_s", "raw_step_s")}
+        xs, ratios, segments = {}, {}, {}
+        for name in [n for n in names if n != "raw"]:
+            result = runs.run(_paired_cmd(args, engine, os.path.join(out, f"{engine}_{name}_{r}"),
+                                          VARIANTS.get(name, [])),
+                              args.timeout + 60, env, what=f"overhead {engine} {name} round {r}")[0]
+            pair = result["examples_per_s"]
+            if name == "tfdist":
+                xs.update(pair)
+                segments = {k: result[k] for k in ("tfdist_step_s", "raw_step_s")}
+            else:
+                xs[name], ratios[name] = pair["tfdist"], pair["tfdist"] / pair["raw"]
+        return xs, ratios, segments
     # Alternate which runs first, so that a drift within a round favours neither.
     xs = {}
     for name in (names if r % 2 == 0 else names[::-1]):
@@ -212,7 +222,7 @@ def _one_round(args, engine: str, r: int, names: list[str], env: dict) -> tuple[
                            VARIANTS.get(name, [])))
         xs[name] = runs.run(cmd, args.timeout + 60, env,
                             what=f"overhead {engine} {name} round {r}")[0]["examples_per_s"]
-    return xs, {}
+    return xs, {n: xs[n] / xs["raw"] for n in names[2:]}, {}
 
 
 def run(args) -> dict:
@@ -222,8 +232,8 @@ def run(args) -> dict:
     engines = engines_for(args)
     env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
     names = ["tfdist", "raw", *variants]
-    per = {e: {"examples_per_s": {n: [] for n in names}, "load_avg_1m": [], "segments": []}
-           for e in engines}
+    per = {e: {"examples_per_s": {n: [] for n in names}, "load_avg_1m": [], "segments": [],
+               "variant_ratios": {v: [] for v in variants}} for e in engines}
     start = time.monotonic()
     active, r = list(engines), 0
     while active and r < args.max_rounds:
@@ -231,9 +241,11 @@ def run(args) -> dict:
             break
         for engine in active:
             per[engine]["load_avg_1m"].append(runs.load_average())
-            xs, segments = _one_round(args, engine, r, names, env)
+            xs, ratios, segments = _one_round(args, engine, r, names, env)
             for name in names:
                 per[engine]["examples_per_s"][name].append(xs[name])
+            for name, ratio in ratios.items():
+                per[engine]["variant_ratios"][name].append(ratio)
             if segments:
                 per[engine]["segments"].append(segments)
         r += 1
@@ -249,7 +261,8 @@ def run(args) -> dict:
             **summarize(xs["tfdist"], xs["raw"]), "rounds": len(xs["raw"]),
             "examples_per_s": xs,
             "median_examples_per_s": {n: statistics.median(v) for n, v in xs.items()},
-            "variant_ratios": {v: summarize(xs[v], xs["raw"])["ratio"] for v in variants},
+            "variant_ratios": {v: statistics.fmean(per[engine]["variant_ratios"][v])
+                               for v in variants},
             "load_avg_1m": per[engine]["load_avg_1m"],
             "segment_step_s": per[engine]["segments"],
             "resolved": summarize(xs["tfdist"], xs["raw"])["ci_width"] < args.ci_width}
@@ -286,7 +299,8 @@ def table(result: dict) -> str:
         lines.append(f"{engine}: tfdist/raw = {r['ratio']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}] "
                      f"(width {r['ci_width']:.3f}, {r['rounds']} rounds); goal >= "
                      f"{result['goal_ratio']}: {r['verdict']}; load 1m {min(load):.2f}-"
-                     f"{max(load):.2f}")
+                     f"{max(load):.2f}" + "".join(f"; {v} {x:.3f}" for v, x in
+                                                   r["variant_ratios"].items()))
     out = format_table(["engine", "run", "examples/s per round", "median", "vs raw"], rows)
     return out + "\n" + "\n".join(lines)
 
