@@ -118,7 +118,8 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
                             "--recipe", "wide_mlp", "--global-batch-size", "16",
                             "--segment-steps", "3", "--segments", "4", "--warmup", "4",
-                            "--rounds", "2", "--max-rounds", "2", timeout=900)
+                            "--rounds", "2", "--max-rounds", "2", "--variants", "no_csv_log",
+                            timeout=900)
     assert result["compare"] == "segments" and result["segment_steps"] == 3
     r = result["results"]["multi_worker"]
     assert r["rounds"] == 2 and len(r["segment_step_s"]) == 2
@@ -130,7 +131,10 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
         assert raw == pytest.approx(16 * 4 / sum(round_["raw_step_s"]))
     assert r["ratios"] == pytest.approx([t / w for t, w in zip(r["examples_per_s"]["tfdist"],
                                                                r["examples_per_s"]["raw"])])
+    # The variant is a paired run of its own, its ratio against its own raw side.
+    assert len(r["examples_per_s"]["no_csv_log"]) == 2 and 0 < r["variant_ratios"]["no_csv_log"]
     assert "multi_worker: tfdist/raw = " in stdout and "alternating segments" in result["note"]
+    assert "; no_csv_log " in stdout
 
 
 def test_collectives_two_workers_match_numpy(tmp_path):

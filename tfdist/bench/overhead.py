@@ -11,8 +11,9 @@ processes in which tfdist and raw take turns every `--segment-steps` steps
 of the machine slows both. `--compare runs`: tfdist and raw each run in
 their own processes, `--steps` steps, interleaved (tfdist first in odd
 rounds, raw first in even ones). Measured on 2 shared cores, separate runs
-spread 0.75-1.28 in per-round tfdist/raw, bound to cores or not: the noise
-is between processes, which only the segments cancel.
+spread 0.88-1.12 in per-round tfdist/raw (0.75-1.28 bound to cores), and
+taking turns 0.97-1.00: the noise is between processes, which the segments
+cancel.
 
 Each round gives one ratio per engine; the reported ratio is their mean with
 a 95% t interval. After `--rounds` rounds, more are added for the engines
