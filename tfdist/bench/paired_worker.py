@@ -127,7 +127,7 @@ def side_callback(name: str, other: str, turns: Turns, k: int, total_steps: int)
 
 
 def paired(spec: dict, engine: str, total_steps: int):
-    """(tfdist's callback, raw's callback, raw's thread starter) for one paired run."""
+    """(tfdist's callback, raw's callback, a list that holds raw's thread once started)."""
     from tfdist.bench import raw_keras
 
     k = spec["segment_steps"]
