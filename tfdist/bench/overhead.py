@@ -23,9 +23,9 @@ lies above it, "not met" when below, else "undecided".
 
 `--cpu-bind cores` binds each worker to its own share of the cores.
 `--variants` adds tfdist runs (with segments: paired runs, each against
-its own raw side) with per-step machinery switched off, to attribute a gap: `--preempt-check-steps` large
-(the periodic SIGTERM agreement, a one-scalar all-reduce across workers) and
-`--csv-log false`.
+its own raw side) with per-step machinery switched off, to attribute a gap:
+`--preempt-check-steps` large (the periodic SIGTERM agreement, a one-scalar
+all-reduce across workers) and `--csv-log false`.
 """
 
 from __future__ import annotations
@@ -116,12 +116,17 @@ def _launch(args, engine: str, module: str, flags: list[str]) -> list[str]:
     return runs.launch_command(args.workers, module, flags, args.timeout, args.cpu_bind)
 
 
+def _train_flags(args, engine: str, model_dir: str, steps: int, extra: list[str]) -> list[str]:
+    """`tfdist.train` arguments of one tfdist run: one epoch of `steps` steps, from scratch."""
+    return [args.recipe, "--strategy", engine,
+            "--global-batch-size", str(args.global_batch_size), "--epochs", "1",
+            "--steps-per-epoch", str(steps), "--threads", str(args.threads),
+            "--verbose", "0", "--model-dir", model_dir, "--resume", "false", *extra]
+
+
 def _tfdist_cmd(args, engine: str, model_dir: str, extra: list[str]) -> list[str]:
-    flags = [args.recipe, "--strategy", engine,
-             "--global-batch-size", str(args.global_batch_size), "--epochs", "1",
-             "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
-             "--verbose", "0", "--model-dir", model_dir, "--resume", "false", *extra]
-    return _launch(args, engine, "tfdist.bench.train_worker", flags)
+    return _launch(args, engine, "tfdist.bench.train_worker",
+                   _train_flags(args, engine, model_dir, args.steps, extra))
 
 
 def warmup_segments(warmup_steps: int, segment_steps: int) -> int:
@@ -135,11 +140,8 @@ def _paired_cmd(args, engine: str, model_dir: str, extra: list[str]) -> list[str
     spec = {"recipe": args.recipe, "global_batch_size": args.global_batch_size,
             "segment_steps": args.segment_steps, "warmup_segments": warmup,
             "threads": args.threads}
-    flags = [json.dumps(spec), args.recipe, "--strategy", engine,
-             "--global-batch-size", str(args.global_batch_size), "--epochs", "1",
-             "--steps-per-epoch", str(steps), "--threads", str(args.threads),
-             "--verbose", "0", "--model-dir", model_dir, "--resume", "false", *extra]
-    return _launch(args, engine, "tfdist.bench.paired_worker", flags)
+    return _launch(args, engine, "tfdist.bench.paired_worker",
+                   [json.dumps(spec), *_train_flags(args, engine, model_dir, steps, extra)])
 
 
 def _raw_cmd(args, engine: str) -> list[str]:
@@ -187,8 +189,8 @@ def _check(args, variants: list[str]) -> None:
     if unknown:
         raise SystemExit(f"error: unknown variants {unknown}; valid: {sorted(VARIANTS)}")
     if args.compare == "segments" and (args.segment_steps < 2 or args.segments < 1):
-        raise SystemExit("error: --compare segments needs --segment-steps >= 2 (a raw segment "
-                         "is timed from its first step's end) and --segments >= 1. Received: "
+        raise SystemExit("error: --compare segments needs --segment-steps >= 2 (a one-step turn "
+                         "would time mostly the hand-over) and --segments >= 1. Received: "
                          f"--segment-steps {args.segment_steps} --segments {args.segments}.")
     if args.rounds < 2 or args.max_rounds < args.rounds:
         raise SystemExit("error: an interval needs --rounds >= 2 and --max-rounds >= --rounds. "
@@ -280,7 +282,8 @@ def run(args) -> dict:
                             "max": max(max(v["load_avg_1m"]) for v in results.values())},
             "note": "ratio = mean over rounds of tfdist/raw examples/s, 95% t interval; " + (
                 "each round one set of worker processes alternating segments of "
-                f"{args.segment_steps} tfdist and raw steps (the first of each warm-up)"
+                f"{args.segment_steps} tfdist and raw steps (the first "
+                f"{warmup_segments(args.warmup, args.segment_steps)} of each side not timed)"
                 if args.compare == "segments" else
                 "steady state after the warm-up steps; runs interleaved " + " / ".join(names))}
 
