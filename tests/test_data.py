@@ -89,6 +89,23 @@ def test_tfrecord_files(tmp_path):
         "train-0.tfrecord", "train-1.tfrecord"]
 
 
+def test_shard_by_keeps_the_structure_of_each_example():
+    import collections
+
+    import tensorflow as tf
+
+    pair = collections.namedtuple("Pair", "x y")
+    n = tf.range(16)
+    for examples, shape in (((n, -n), (8, -8)), ({"a": n, "b": -n}, {"a": 8, "b": -8}),
+                            (pair(n, -n), pair(8, -8)), ((n,), (8,))):
+        ds = data.prepare(tf.data.Dataset.from_tensor_slices(examples), 8, shard_by=(2, 1))
+        first = next(iter(ds))
+        assert type(first) is type(shape) and len(first) == len(shape)
+        for got, start in zip(tf.nest.flatten(first), tf.nest.flatten(shape)):
+            sign = 1 if start > 0 else -1  # rows 4..7 of the first global batch of 8
+            np.testing.assert_array_equal(got.numpy(), sign * np.arange(4, 8))
+
+
 def test_shard_by_rank_slices_every_global_batch_evenly():
     import tensorflow as tf
 
@@ -96,6 +113,8 @@ def test_shard_by_rank_slices_every_global_batch_evenly():
     shards = [list(data.prepare(ds, 8, shard_by=(4, i), training=True).as_numpy_iterator())
               for i in range(4)]
     assert all(len(s) == 2 for s in shards)  # every rank runs the same steps
+    # The per-replica batch dimension is static, as an unsharded pipeline's is.
+    assert data.prepare(ds, 8, shard_by=(4, 1)).element_spec.shape.as_list() == [2]
     for step in range(2):
         together = np.concatenate([s[step] for s in shards])
         np.testing.assert_array_equal(together, np.arange(8 * step, 8 * step + 8))

@@ -143,6 +143,21 @@ def shard(dataset, num_shards: int, index: int):
     return dataset.shard(num_shards, index)
 
 
+def _rows(spec, start: int, size: int):
+    """A `Dataset.map` function keeping rows [start, start + size) of every tensor of a batch.
+
+    `map` passes the parts of a plain tuple element (not a namedtuple) as
+    separate arguments; `spec` (the element_spec) says whether to put them back.
+    """
+    import tensorflow as tf
+
+    def cut(*parts):
+        element = parts if type(spec) is tuple else parts[0]
+        return tf.nest.map_structure(lambda t: t[start:start + size], element)
+
+    return cut
+
+
 def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: bool = True,
             shuffle_buffer: int = 0, seed: int = 0, shard_by: tuple[int, int] | None = None,
             repeat: bool = False, skip_batches: int = 0):
@@ -184,9 +199,12 @@ def prepare(source, global_batch_size: int, *, num_workers: int = 1, training: b
             raise ConfigError("shard_by needs training=True (full global batches); evaluate "
                               "the whole test set on every process instead.")
         num_shards, index = shard_by
-        # Every global batch is full (drop_remainder), so its slices are equal.
-        ds = ds.unbatch().batch(per_replica_batch_size(global_batch_size, num_shards))
-        ds = shard(ds, num_shards, index)
+        shard_indices(0, num_shards, index)  # validates
+        per = per_replica_batch_size(global_batch_size, num_shards)
+        # Every global batch is full (drop_remainder), so its slices are equal. A slice
+        # of each batch, not unbatch-rebatch-shard: less copying, and the batch
+        # dimension stays static, as an unsharded pipeline's is.
+        ds = ds.map(_rows(ds.element_spec, index * per, per))
     if repeat:
         ds = ds.repeat()
     if skip_batches:

@@ -243,3 +243,7 @@ def test_overhead_options_are_checked_before_anything_runs():
     overhead._check(args, ["no_csv_log"])  # segment sizes do not apply to separate runs
     with pytest.raises(SystemExit, match="unknown variants \\['fast'\\]"):
         overhead._check(args, ["fast"])
+    # The A/A control pairs raw with raw: separate runs have no pair.
+    with pytest.raises(SystemExit, match="raw_vs_raw .* needs --compare segments. "
+                                         "Received: --compare runs"):
+        overhead._check(args, ["raw_vs_raw"])

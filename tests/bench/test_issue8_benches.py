@@ -118,7 +118,7 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
                             "--recipe", "wide_mlp", "--global-batch-size", "16",
                             "--segment-steps", "3", "--segments", "4", "--warmup", "4",
-                            "--rounds", "2", "--max-rounds", "2", "--variants", "no_csv_log",
+                            "--rounds", "2", "--max-rounds", "2", "--variants", "no_csv_log,raw_vs_raw",
                             timeout=900)
     assert result["compare"] == "segments" and result["segment_steps"] == 3
     r = result["results"]["multi_worker"]
@@ -135,6 +135,14 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     assert len(r["examples_per_s"]["no_csv_log"]) == 2 and 0 < r["variant_ratios"]["no_csv_log"]
     assert "multi_worker: tfdist/raw = " in stdout and "alternating segments" in result["note"]
     assert "; no_csv_log " in stdout
+    # The A/A control: raw on both threads, its ratio the benchmark's own bias.
+    control = r["variant_ratios"]["raw_vs_raw"]
+    assert control == pytest.approx(sum(r["variant_ratios_per_round"]["raw_vs_raw"]) / 2)
+    assert len(r["examples_per_s"]["raw_vs_raw"]) == 2 and 0.5 < control < 2.0
+    assert "; raw_vs_raw " in stdout
+    runs_dir = tmp_path / "bench" / "runs"  # the trainer's model dirs: none for the control
+    assert (runs_dir / "multi_worker_no_csv_log_1").is_dir()
+    assert not any(p.name.startswith("multi_worker_raw_vs_raw") for p in runs_dir.iterdir())
 
 
 def test_collectives_two_workers_match_numpy(tmp_path):

@@ -25,7 +25,9 @@ lies above it, "not met" when below, else "undecided".
 `--variants` adds tfdist runs (with segments: paired runs, each against
 its own raw side) with per-step machinery switched off, to attribute a gap:
 `--preempt-check-steps` large (the periodic SIGTERM agreement, a one-scalar
-all-reduce across workers) and `--csv-log false`.
+all-reduce across workers) and `--csv-log false`. With segments, the variant
+`raw_vs_raw` is the A/A control: raw's `fit` on both threads of a paired run,
+so its ratio is the benchmark's own bias, against which tfdist/raw is read.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ GOAL_RATIO = 0.98
 ENGINES = ("multi_worker", "horovod", "shm")
 COMPARE = ("segments", "runs")
 # name -> extra tfdist.train flags; each isolates one per-step cost of the trainer.
+# The A/A control (--compare segments): raw on both sides of a paired run, so its
+# ratio is the benchmark's own bias (the main thread and first turn against the others).
+CONTROL = "raw_vs_raw"
 VARIANTS = {"no_preempt_agreement": ["--preempt-check-steps", "1000000"],
-            "no_csv_log": ["--csv-log", "false"]}
+            "no_csv_log": ["--csv-log", "false"],
+            CONTROL: []}
 
 
 def add_arguments(parser) -> None:
@@ -134,12 +140,13 @@ def warmup_segments(warmup_steps: int, segment_steps: int) -> int:
     return max(1, -(-warmup_steps // segment_steps))
 
 
-def _paired_cmd(args, engine: str, model_dir: str, extra: list[str]) -> list[str]:
+def _paired_cmd(args, engine: str, model_dir: str, extra: list[str],
+                control: bool = False) -> list[str]:
     warmup = warmup_segments(args.warmup, args.segment_steps)
     steps = (args.segments + warmup) * args.segment_steps
     spec = {"recipe": args.recipe, "global_batch_size": args.global_batch_size,
             "segment_steps": args.segment_steps, "warmup_segments": warmup,
-            "threads": args.threads}
+            "threads": args.threads, "control": control}
     return _launch(args, engine, "tfdist.bench.paired_worker",
                    [json.dumps(spec), *_train_flags(args, engine, model_dir, steps, extra)])
 
@@ -188,6 +195,9 @@ def _check(args, variants: list[str]) -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: unknown variants {unknown}; valid: {sorted(VARIANTS)}")
+    if CONTROL in variants and args.compare != "segments":
+        raise SystemExit(f"error: the variant {CONTROL} (raw on both sides of a paired run) "
+                         f"needs --compare segments. Received: --compare {args.compare}.")
     if args.compare == "segments" and (args.segment_steps < 2 or args.segments < 1):
         raise SystemExit("error: --compare segments needs --segment-steps >= 2 (a one-step turn "
                          "would time mostly the hand-over) and --segments >= 1. Received: "
@@ -208,7 +218,7 @@ def _one_round(args, engine: str, r: int, names: list[str], env: dict):
         xs, ratios, segments = {}, {}, {}
         for name in [n for n in names if n != "raw"]:
             result = runs.run(_paired_cmd(args, engine, os.path.join(out, f"{engine}_{name}_{r}"),
-                                          VARIANTS.get(name, [])),
+                                          VARIANTS.get(name, []), control=name == CONTROL),
                               args.timeout + 60, env, what=f"overhead {engine} {name} round {r}")[0]
             pair = result["examples_per_s"]
             if name == "tfdist":
@@ -266,6 +276,7 @@ def run(args) -> dict:
             "median_examples_per_s": {n: statistics.median(v) for n, v in xs.items()},
             "variant_ratios": {v: statistics.fmean(per[engine]["variant_ratios"][v])
                                for v in variants},
+            "variant_ratios_per_round": per[engine]["variant_ratios"],
             "load_avg_1m": per[engine]["load_avg_1m"],
             "segment_step_s": per[engine]["segments"],
             "resolved": summarize(xs["tfdist"], xs["raw"])["ci_width"] < args.ci_width}

@@ -21,6 +21,10 @@ in it. Only one side runs at a time, so their collectives never interleave;
 every rank takes the turns at the same steps. The segments holding the
 first `warmup_segments` of each side (tracing) are not counted.
 
+With `spec["control"]` (the `raw_vs_raw` variant) the main thread runs a
+second raw `fit` instead of the trainer: an A/A control whose ratio is the
+benchmark's own bias (main thread against second, first turn against second).
+
 The raw side uses the engine instance the trainer built (MultiWorkerMirrored
 cannot be built twice in a process), so it does not see how the engine was
 configured (e.g. the collective timeout); `--compare runs` does.
@@ -157,6 +161,26 @@ def paired(spec: dict, engine: str, total_steps: int):
     return tfdist_side, raw_side, thread
 
 
+def raw_on_main_thread(spec: dict, engine: str, threads: int, total_steps: int,
+                       main_side) -> None:
+    """The A/A control (`spec["control"]`): a second raw `fit` in the trainer's place.
+
+    The main thread's side is then the raw baseline too, set up by hand as
+    `raw_keras.main` does, so the ratio measures the benchmark itself (the
+    main thread against the second, the first turn against the second),
+    which tfdist/raw must be read against.
+    """
+    import tensorflow as tf
+
+    from tfdist.bench import raw_keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    eng = raw_keras.set_up(engine, json.loads(os.environ.get("TF_CONFIG", "null")))
+    model, ds = raw_keras.build(spec, engine, eng)
+    model.fit(ds, epochs=1, steps_per_epoch=total_steps, verbose=0, shuffle=False,
+              callbacks=[*eng.callbacks, main_side])
+
+
 def main(spec: dict, argv: list[str]) -> int:
     from tfdist import cluster, train, trainer
     from tfdist.bench import raw_keras, runs
@@ -170,14 +194,17 @@ def main(spec: dict, argv: list[str]) -> int:
                          f"multiple (>= 2) of segment_steps >= 2. Received: --epochs "
                          f"{cfg['epochs']} --steps-per-epoch {total}, segment_steps {k}.")
     tfdist_side, raw_side, thread = paired(spec, engine, total)
-    result = trainer.train(recipe, cfg, info, callbacks=[tfdist_side])
+    if spec.get("control"):
+        raw_on_main_thread(spec, engine, cfg["threads"], total, tfdist_side)
+    else:
+        trainer.train(recipe, cfg, info, callbacks=[tfdist_side])
     for t in thread:
         t.join()
     if info.is_chief:
         w = spec.get("warmup_segments", 1)
         step_s = {"tfdist": segment_times(tfdist_side.stamps, tfdist_side.starts, k, w),
                   "raw": segment_times(raw_side.stamps, raw_side.starts, k, w)}
-        gbs = result.metrics["global_batch_size"]
+        gbs = spec["global_batch_size"]
         runs.emit({"engine": engine, "segment_steps": k, "segments": len(step_s["raw"]),
                    "tfdist_step_s": step_s["tfdist"], "raw_step_s": step_s["raw"],
                    "examples_per_s": {n: gbs * len(v) / sum(v) for n, v in step_s.items()}})
