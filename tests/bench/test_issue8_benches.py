@@ -118,7 +118,8 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     result, stdout = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
                             "--recipe", "wide_mlp", "--global-batch-size", "16",
                             "--segment-steps", "3", "--segments", "4", "--warmup", "4",
-                            "--rounds", "2", "--max-rounds", "2", "--variants", "no_csv_log,raw_vs_raw",
+                            "--rounds", "2", "--max-rounds", "2",
+                            "--variants", "no_csv_log,raw_vs_raw",
                             timeout=900)
     assert result["compare"] == "segments" and result["segment_steps"] == 3
     r = result["results"]["multi_worker"]
