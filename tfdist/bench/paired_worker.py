@@ -161,26 +161,6 @@ def paired(spec: dict, engine: str, total_steps: int):
     return tfdist_side, raw_side, thread
 
 
-def raw_on_main_thread(spec: dict, engine: str, threads: int, total_steps: int,
-                       main_side) -> None:
-    """The A/A control (`spec["control"]`): a second raw `fit` in the trainer's place.
-
-    The main thread's side is then the raw baseline too, set up by hand as
-    `raw_keras.main` does, so the ratio measures the benchmark itself (the
-    main thread against the second, the first turn against the second),
-    which tfdist/raw must be read against.
-    """
-    import tensorflow as tf
-
-    from tfdist.bench import raw_keras
-
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    eng = raw_keras.set_up(engine, json.loads(os.environ.get("TF_CONFIG", "null")))
-    model, ds = raw_keras.build(spec, engine, eng)
-    model.fit(ds, epochs=1, steps_per_epoch=total_steps, verbose=0, shuffle=False,
-              callbacks=[*eng.callbacks, main_side])
-
-
 def main(spec: dict, argv: list[str]) -> int:
     from tfdist import cluster, train, trainer
     from tfdist.bench import raw_keras, runs
@@ -194,8 +174,8 @@ def main(spec: dict, argv: list[str]) -> int:
                          f"multiple (>= 2) of segment_steps >= 2. Received: --epochs "
                          f"{cfg['epochs']} --steps-per-epoch {total}, segment_steps {k}.")
     tfdist_side, raw_side, thread = paired(spec, engine, total)
-    if spec.get("control"):
-        raw_on_main_thread(spec, engine, cfg["threads"], total, tfdist_side)
+    if spec.get("control"):  # the A/A control: the raw baseline in the trainer's place
+        raw_keras.fit_by_hand(spec, engine, total, tfdist_side)
     else:
         trainer.train(recipe, cfg, info, callbacks=[tfdist_side])
     for t in thread:

@@ -130,19 +130,28 @@ def build(spec: dict, engine: str, eng: Engine):
     return model, ds
 
 
-def main(spec: dict) -> int:
+def fit_by_hand(spec: dict, engine: str, steps: int, callback) -> Engine:
+    """Sets `engine` up by hand, then fits the recipe's model `steps` steps with `callback`.
+
+    The whole baseline in one process: `main`'s run, and the A/A control of
+    `tfdist.bench.paired_worker` (where it takes the trainer's place).
+    """
     import tensorflow as tf
 
+    tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
+    eng = set_up(engine, json.loads(os.environ.get("TF_CONFIG", "null")))
+    model, ds = build(spec, engine, eng)
+    model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False,
+              callbacks=[*eng.callbacks, callback])
+    return eng
+
+
+def main(spec: dict) -> int:
     from tfdist.bench import runs, timing
 
-    tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
-    tf_config = json.loads(os.environ.get("TF_CONFIG", "null"))
-    engine = resolve_engine(spec, tf_config)
-    eng = set_up(engine, tf_config)
-    model, ds = build(spec, engine, eng)
+    engine = resolve_engine(spec, json.loads(os.environ.get("TF_CONFIG", "null")))
     timer = timing.step_timer()
-    model.fit(ds, epochs=1, steps_per_epoch=spec["steps"], verbose=0, shuffle=False,
-              callbacks=[*eng.callbacks, timer])
+    eng = fit_by_hand(spec, engine, spec["steps"], timer)
     if eng.rank == 0:
         step_s = timing.steady_step_s(timer.times, spec["warmup"])
         runs.emit({"engine": engine, "steps": len(timer.times), "step_s": step_s,
