@@ -1,6 +1,6 @@
 """TEMPLATE: copy this file to start a recipe; every member tfdist reads is here.
 
-    cp recipes/TEMPLATE.py recipes/my_model.py     # then edit; run it with:
+    cp recipes/TEMPLATE.py my_model.py     # then edit; run it from that directory with:
     python -m tfdist.train my_model --epochs 2
     python -m tfdist.launch -n 2 -- python -m tfdist.train my_model --strategy multi_worker
 

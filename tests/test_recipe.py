@@ -1,7 +1,10 @@
 """Recipe lookup by name and path."""
 
+import os
+
 import pytest
 
+from tests.conftest import REPO
 from tfdist import recipe
 from tfdist.errors import ConfigError
 
@@ -16,12 +19,44 @@ def test_load_by_path():
     assert recipe.load(recipe.resolve_path("digits_mlp")).RECIPE_NAME == "digits_mlp"
 
 
-def test_unknown_recipe_lists_available():
-    with pytest.raises(ConfigError, match=r"recipe 'digitz': not found\. Available recipes: "
-                                          r"\[.*'digits_mlp'"):
+def test_unknown_recipe_lists_both_places_and_the_shipped_recipes(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        recipe.resolve_path("digitz", cwd=str(tmp_path))
+    assert str(e.value).startswith(
+        f"recipe 'digitz': not found in the working directory (no {tmp_path / 'digitz.py'}) "
+        f"nor among the recipes shipped with tfdist (in {recipe.RECIPES_DIR}): ["), str(e.value)
+    assert "'digits_mlp'" in str(e.value) and "a path to a recipe .py file" in str(e.value)
+    with pytest.raises(ConfigError, match=r"recipe 'digitz': not found in the working directory"):
         recipe.load("digitz")
     with pytest.raises(ConfigError, match=r"recipe nope/x\.py: no such file"):
         recipe.load("nope/x.py")
+
+
+def test_a_name_is_looked_up_in_the_working_directory_first(tmp_path, monkeypatch):
+    own = tmp_path / "my_model.py"
+    own.write_text(GOOD.replace("def build_model", "DEFAULTS = {'epochs': 3}\ndef build_model"))
+    assert recipe.resolve_path("my_model", cwd=str(tmp_path)) == str(own)
+    # A user's file shadows a shipped recipe of the same name.
+    (tmp_path / "digits_mlp.py").write_text("DEFAULTS = {}\n" + GOOD)
+    assert recipe.resolve_path("digits_mlp", cwd=str(tmp_path)) == str(tmp_path / "digits_mlp.py")
+    assert recipe.resolve_path("wide_mlp", cwd=str(tmp_path)) == os.path.join(
+        recipe.RECIPES_DIR, "wide_mlp.py")
+    monkeypatch.chdir(tmp_path)
+    module = recipe.load("my_model")
+    assert module.RECIPE_FILE == str(own) and module.DEFAULTS == {"epochs": 3}
+
+
+def test_shipped_recipes_are_found_installed_or_in_a_checkout(tmp_path):
+    # Installed from a wheel: site-packages/tfdist/recipes, whatever lies beside tfdist.
+    site = tmp_path / "site-packages"
+    (site / "tfdist" / "recipes").mkdir(parents=True)
+    (site / "recipes").mkdir()
+    assert recipe._shipped_dir(str(site / "tfdist")) == str(site / "tfdist" / "recipes")
+    # A checkout (pip install -e ., PYTHONPATH): the repository's recipes/.
+    checkout = tmp_path / "checkout"
+    (checkout / "tfdist").mkdir(parents=True)
+    assert recipe._shipped_dir(str(checkout / "tfdist")) == str(checkout / "recipes")
+    assert recipe.RECIPES_DIR == os.path.join(REPO, "recipes")  # this checkout
 
 
 def test_recipe_missing_members(tmp_path):

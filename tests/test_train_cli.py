@@ -11,7 +11,7 @@ PROBE = ("import sys; from tfdist.train import main; rc = main(sys.argv[1:]); "
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["digitz"], "error: recipe 'digitz': not found. Available recipes: ["),
+    (["digitz"], "error: recipe 'digitz': not found in the working directory (no "),
     (["digits_mlp", "--strategy", "magic"],
      "error: --strategy must be one of auto, single, mirrored, multi_worker"),
     (["digits_mlp", "--hidden-unit", "3"],

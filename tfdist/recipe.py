@@ -23,9 +23,13 @@ A recipe is a small Python module with:
   `model.optimizer.apply`, metrics); returns the logs dict. It runs on every
   replica inside `fit`; the optimizer all-reduces the gradients.
 
-`recipes/TEMPLATE.py` is a copyable recipe with every member. Recipes import Keras/TensorFlow inside these functions, so that loading one
-to validate options does not start TensorFlow. Recipes know nothing of
-distribution.
+`recipes/TEMPLATE.py` is a copyable recipe with every member. Recipes import
+Keras/TensorFlow inside these functions, so that loading one to validate
+options does not start TensorFlow.
+
+A recipe is named by path, or by name: `NAME.py` in the working directory
+first, then the recipes shipped with tfdist (the repository's `recipes/`,
+installed as `tfdist/recipes/`). Recipes know nothing of distribution.
 
 Every failure to load a recipe, and every wrong thing a recipe function
 returns, is a ConfigError starting ``recipe FILE:`` and naming the function.
@@ -41,25 +45,47 @@ from types import ModuleType
 from tfdist.errors import ConfigError
 from tfdist.option import Option
 
-RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "recipes")
 REQUIRED = ("DEFAULTS", "build_model", "build_dataset")
 OPTIONAL_FUNCTIONS = ("compile_kwargs", "build_optimizer", "callbacks", "train_step")
 
 
+def _shipped_dir(package: str) -> str:
+    """Where the recipes shipped with the package in `package` are."""
+    installed = os.path.join(package, "recipes")  # a wheel maps recipes/ to tfdist/recipes
+    # A checkout (`pip install -e .`, or PYTHONPATH as the benchmark runners and
+    # the Horovod venv use) has them beside the package.
+    checkout = os.path.join(os.path.dirname(package), "recipes")
+    return installed if os.path.isdir(installed) else checkout
+
+
+RECIPES_DIR = _shipped_dir(os.path.dirname(os.path.abspath(__file__)))
+
+
 def available() -> list[str]:
-    """Names of the recipes shipped in `recipes/`."""
+    """Names of the recipes shipped with tfdist (`RECIPES_DIR`)."""
     if not os.path.isdir(RECIPES_DIR):
         return []
     return sorted(f[:-3] for f in os.listdir(RECIPES_DIR)
                   if f.endswith(".py") and not f.startswith("_"))
 
 
-def resolve_path(name_or_path: str) -> str:
-    """The file of a recipe given by name (in `recipes/`) or by path.
+def resolve_path(name_or_path: str, cwd: str | None = None) -> str:
+    """The file of a recipe given by path, or by name: `./NAME.py`, else a shipped one.
+
+    A name is looked up in the working directory first, so that a user's own
+    recipe runs by name wherever tfdist is installed (and may shadow a shipped
+    one of the same name).
+
+    Args:
+        name_or_path: A recipe name (`digits_mlp`) or a path to a .py file.
+        cwd: The directory looked in first; the working directory when None.
+
+    Returns:
+        The recipe file's absolute path.
 
     Raises:
-        ConfigError: naming what was received and the available recipes.
+        ConfigError: naming what was received, the places looked in and the
+            shipped recipes.
     """
     looks_like_path = (name_or_path.endswith(".py") or os.sep in name_or_path
                        or (os.altsep or os.sep) in name_or_path)
@@ -76,10 +102,15 @@ def resolve_path(name_or_path: str) -> str:
         if not os.path.isfile(name_or_path):
             raise ConfigError(f"recipe {name_or_path}: not a regular file.")
         return os.path.abspath(name_or_path)
+    own = os.path.join(os.path.abspath(cwd or os.getcwd()), f"{name_or_path}.py")
+    if os.path.isfile(own):
+        return own
     path = os.path.join(RECIPES_DIR, f"{name_or_path}.py")
     if not os.path.isfile(path):
-        raise ConfigError(f"recipe {name_or_path!r}: not found. Available recipes: "
-                          f"{available()} (or pass a path to a recipe .py file).")
+        raise ConfigError(f"recipe {name_or_path!r}: not found in the working directory (no "
+                          f"{own}) nor among the recipes shipped with tfdist (in {RECIPES_DIR}): "
+                          f"{available()}. Pass one of those names, or a path to a recipe .py "
+                          "file.")
     return path
 
 

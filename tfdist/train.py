@@ -12,7 +12,8 @@ Launch modes:
     python -m tfdist.launch --ps 1 --workers 2 -- python -m tfdist.train digits_mlp --strategy parameter_server
     TFDIST_NUM_PS=1 srun python -m tfdist.train digits_mlp --strategy parameter_server
 
-RECIPE is a name from recipes/ or a path to a recipe file; `--help` lists its
+RECIPE is a path to a recipe file, or a name: ./RECIPE.py in the working
+directory, else a recipe shipped with tfdist (recipes/); `--help` lists its
 options. Every bad option fails here, before TensorFlow starts.
 """
 
