@@ -247,3 +247,31 @@ def test_overhead_options_are_checked_before_anything_runs():
     with pytest.raises(SystemExit, match="raw_vs_raw .* needs --compare segments. "
                                          "Received: --compare runs"):
         overhead._check(args, ["raw_vs_raw"])
+
+
+def test_scaling_error_bars_are_none_for_one_repeat_and_never_negative():
+    # One repeat: no spread, so no bars (the point and its 1-sample range differ by a rounding).
+    assert scaling.error_bars([1.0, 0.7799999999999999], [[1.0], [0.78]]) is None
+    # A median point outside its repeats' range: the side it crosses is 0, not negative.
+    below, above = scaling.error_bars([1.0, 0.9, 0.5], [[1.0, 1.0], [0.8, 0.95], [0.6, 0.7]])
+    assert below == pytest.approx([0.0, 0.1, 0.0]) and above == pytest.approx([0.0, 0.05, 0.2])
+
+
+def test_scaling_plots_a_one_repeat_result():
+    """`bench scaling --repeats 1` crashed here: "yerr must not contain negative values"."""
+    from matplotlib.figure import Figure
+
+    tput, counts = [100.0, 234.0], [1, 3]  # 234 / 100 / 3 rounds below 234 / (3 x 100)
+    speedup, efficiency = scaling.speedups(tput, counts)
+    per_repeat = [[1.0], scaling.paired_efficiencies([100.0], [234.0], 3)]
+    assert efficiency[1] < per_repeat[1][0]
+    curve = {"workers": counts, "speedup": speedup, "efficiency": efficiency,
+             "efficiency_per_repeat": per_repeat,
+             "efficiency_range": [[min(p), max(p)] for p in per_repeat],
+             "noise": scaling.noise_flags(efficiency)}
+    result = {"weak": curve, "results": {"digits_mlp": {"shm": {"weak": curve}}}, "repeats": 1}
+    fig = Figure()
+    scaling.plot(result, fig)
+    (ax,) = fig.axes
+    assert [tuple(line.get_ydata()) for line in ax.lines][0] == tuple(efficiency)
+    assert not ax.collections  # no error bars drawn for a single repeat

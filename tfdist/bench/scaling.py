@@ -210,6 +210,27 @@ def noise_flags(efficiency: list[float]) -> list[bool]:
     return [e > 1.0 for e in efficiency]
 
 
+def error_bars(efficiency: list[float],
+               per_repeat: list[list[float]]) -> list[list[float]] | None:
+    """Pure function: matplotlib's `yerr` ([below], [above]) for each point's range over repeats.
+
+    Args:
+        efficiency: The plotted efficiency per worker count (from the median runs).
+        per_repeat: Each point's per-repeat efficiencies.
+
+    Returns:
+        None when no point has two repeats: one sample has no spread to draw.
+        Otherwise the distances from each point down to its lowest and up to
+        its highest repeat, each at least 0: the median runs can come from
+        different repeats, so a point may lie just outside its range (with one
+        repeat, by a rounding), and matplotlib refuses negative lengths.
+    """
+    if all(len(p) < 2 for p in per_repeat):
+        return None
+    return [[max(0.0, e - min(p)) for e, p in zip(efficiency, per_repeat)],
+            [max(0.0, max(p) - e) for e, p in zip(efficiency, per_repeat)]]
+
+
 def run(args) -> dict:
     """Runs every (recipe, mode, K, strategy, compression) point; returns the curves."""
     link = on_hosts.check_args(getattr(args, "hosts", 0), getattr(args, "rate", None))
@@ -363,8 +384,7 @@ def plot(result: dict, fig) -> None:
         for i, (recipe, engine, c) in enumerate(curves):
             # A small offset per curve, so error bars at one worker count do not overlap.
             xs = [k + 0.04 * (i - (len(curves) - 1) / 2) for k in c["workers"]]
-            err = [[e - lo for e, (lo, _) in zip(c["efficiency"], c["efficiency_range"])],
-                   [hi - e for e, (_, hi) in zip(c["efficiency"], c["efficiency_range"])]]
+            err = error_bars(c["efficiency"], c["efficiency_per_repeat"])
             line = ax.errorbar(xs, c["efficiency"], yerr=err, fmt="o-", capsize=3,
                                label=f"{recipe} ({engine})")
             color = line[0].get_color()
