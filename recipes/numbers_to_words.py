@@ -47,7 +47,9 @@ DEFAULTS = dict(
     optimizer="adam",
     lr_schedule="noam",
     learning_rate=2e-3,  # the Noam schedule's peak, reached at the end of the warmup
-    warmup_steps=300,  # about 0.4 epoch at the defaults: the 4,000 of the lessons suits 100x more steps
+    # About the first epoch (312 steps); the lessons' 4,000 suit the 100,000 steps of
+    # Vaswani et al., not this run's 624.
+    warmup_steps=300,
     clipnorm=1.0,
     d_model=Option(128, "model width (embeddings, attention, residual stream)", ge=1),
     num_heads=Option(4, "attention heads; d_model must be a multiple of it", ge=1),

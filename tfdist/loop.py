@@ -14,9 +14,11 @@ TensorFlow at module level.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 from tfdist.checkpoint import ChiefWriter
+from tfdist.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -112,7 +114,8 @@ def set_up(settings, cpu_devices: int | None = None) -> None:
     keras.mixed_precision.set_global_policy(settings.optimization.precision)
 
 
-def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster) -> dict:
+def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster, recipe=None,
+           cfg: dict | None = None) -> dict:
     """Evaluates, then the chief writes the model and metrics.json (atomically).
 
     Args:
@@ -121,15 +124,50 @@ def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster) -> dict:
         metrics: The loop's metrics; "test" is added.
         writer: The run's chief-only writer.
         cluster: This process's ClusterInfo.
+        recipe: The recipe; its optional `evaluate(model, cfg)` adds its own metrics.
+        cfg: The configuration `evaluate` is given.
 
     Returns:
-        `metrics` with "test": the evaluation as floats.
+        `metrics` with "test": the evaluation as floats, and the recipe's own metrics.
     """
     evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
     metrics = {**metrics, "test": {k: float(v) for k, v in evaluation.items()}}
+    if recipe is not None:
+        metrics.update(recipe_metrics(recipe, model, cfg, metrics))
     writer.save_model(model)
     path = writer.write_json("metrics.json", metrics)
     if path:
         log(cluster, f"test {evaluation}; wrote {writer.path('model.keras')} and {path}")
     sys.stdout.flush()
     return metrics
+
+
+def recipe_metrics(recipe, model, cfg: dict, metrics: dict) -> dict:
+    """The recipe's `evaluate(model, cfg)`: metrics beyond Keras's evaluate (say, exact match
+    of greedy decoding), computed on every process after training; {} when it has none.
+
+    Raises:
+        ConfigError: naming the recipe when it returns something other than a dict of
+            JSON values, or a key tfdist's metrics.json already has.
+    """
+    evaluate = getattr(recipe, "evaluate", None)
+    if evaluate is None:
+        return {}
+    where = f"recipe {getattr(recipe, 'RECIPE_FILE', getattr(recipe, 'RECIPE_NAME', '?'))}"
+    if not callable(evaluate):
+        raise ConfigError(f"{where}: evaluate must be a function. Received: "
+                          f"{type(evaluate).__name__}.")
+    extra = evaluate(model, cfg)
+    if not isinstance(extra, dict):
+        raise ConfigError(f"{where}: evaluate(model, cfg) must return a dict of metrics for "
+                          f"metrics.json. Received: {type(extra).__name__}.")
+    clash = sorted(set(extra) & set(metrics))
+    if clash:
+        raise ConfigError(f"{where}: evaluate(model, cfg) returned {clash}, which tfdist's "
+                          "metrics.json already has; rename them.")
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: evaluate(model, cfg) must return JSON values (float, "
+                          f"int, str, lists, dicts): {e}.") from None
+    return extra

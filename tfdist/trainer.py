@@ -449,5 +449,5 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
         "wall_time_s": wall,
         "examples_per_s": counter.steps * gbs / wall if wall > 0 else 0.0,
     }
-    metrics = loop_lib.finish(model, test_ds, metrics, writer, cluster)
+    metrics = loop_lib.finish(model, test_ds, metrics, writer, cluster, recipe, cfg)
     return Result(model=model, metrics=metrics, strategy=strategy, cluster=cluster)

@@ -240,5 +240,5 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
     if lost:
         _log(f"finished without lost worker(s) {sorted(lost)}: "
              + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(lost)))
-    metrics = loop.finish(local, test_ds, metrics, writer, cluster)
+    metrics = loop.finish(local, test_ds, metrics, writer, cluster, recipe, cfg)
     return Result(model=local, metrics=metrics, strategy=strategy, cluster=cluster)
