@@ -275,3 +275,24 @@ def test_scaling_plots_a_one_repeat_result():
     (ax,) = fig.axes
     assert [tuple(line.get_ydata()) for line in ax.lines][0] == tuple(efficiency)
     assert not ax.collections  # no error bars drawn for a single repeat
+
+
+def test_benchmark_children_get_the_checkout_before_the_users_pythonpath():
+    import os
+
+    users = os.pathsep.join(["/opt/modules/site-packages", runs.REPO, "/home/me/lib"])
+    env = runs.child_env({"EXTRA": "1"}, environ={"PYTHONPATH": users, "HOME": "/home/me"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [
+        runs.REPO, "/opt/modules/site-packages", "/home/me/lib"]  # kept, after the checkout
+    assert env["HOME"] == "/home/me" and env["EXTRA"] == "1"
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "2" and env["PYTHONUNBUFFERED"] == "1"
+    assert runs.child_env(environ={})["PYTHONPATH"] == runs.REPO
+    assert runs.child_env(environ={"PYTHONPATH": ""})["PYTHONPATH"] == runs.REPO
+
+
+def test_every_benchmark_runner_sets_pythonpath_through_child_env():
+    import pathlib
+
+    bench = pathlib.Path(runs.REPO, "tfdist", "bench")
+    setting = sorted(p.name for p in bench.glob("*.py") if '"PYTHONPATH"' in p.read_text())
+    assert setting == ["runs.py"], f"set PYTHONPATH with runs.child_env, not in {setting}"

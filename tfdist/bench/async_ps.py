@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from tfdist.bench.runs import child_env
+
 DESCRIPTION = "sync (multi_worker) vs async (parameter_server) throughput and loss, one slow worker"
 MODES = ("sync", "async")
 
@@ -55,7 +57,7 @@ def _one(mode: str, args, delay_ms: int) -> dict:
     cmd = command(mode, args, delay_ms, model_dir)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} run with delay {delay_ms} ms failed (rc={proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")

@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+from tfdist.bench.runs import child_env
+
 DESCRIPTION = "Horovod all-reduce bandwidth: Gloo vs MPI (needs the Horovod venv)"
 CONTROLLERS = ("gloo", "mpi")
 MARK = "TFDIST_BENCH_RESULT "
@@ -42,9 +44,8 @@ def _run_controller(venv, controller, args) -> dict:
         cmd.append("--mpi-args=--allow-run-as-root --oversubscribe")
     cmd += [os.path.join(venv, "bin", "python"), "-m", "tfdist.bench.horovod_allreduce",
             "--worker", json.dumps({"sizes_mb": args.sizes_mb, "iters": args.iters})]
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": repo, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                          env=child_env())
     lines = [line.split(MARK, 1)[1] for line in proc.stdout.splitlines() if MARK in line]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"horovodrun --{controller} failed (rc={proc.returncode}):\n"

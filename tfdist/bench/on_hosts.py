@@ -120,11 +120,6 @@ def host_list(cluster, workers: int) -> str:
     return ",".join(f"{h.name}:1" for h in cluster.hosts[:workers])
 
 
-def _env(extra: dict | None) -> dict:
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": runs.REPO, **(extra or {})}
-
-
 def run_workers(cluster, workers: int, module: str, args: list[str], timeout_s: float,
                 env: dict | None = None, what: str = "benchmark") -> list[dict]:
     """`python -m MODULE ARGS` on hosts h0..h{workers-1}; returns worker 0's result lines.
@@ -143,7 +138,7 @@ def run_workers(cluster, workers: int, module: str, args: list[str], timeout_s: 
             outs.append(out)
             extra = {**(env or {}), **({"TF_CONFIG": json.dumps(cfg)} if cfg else {})}
             procs.append(cluster.popen(cluster.hosts[i].name, [sys.executable, "-m", module, *args],
-                                       env=_env(extra), cwd=runs.REPO, stdout=out,
+                                       env=runs.child_env(extra), cwd=runs.REPO, stdout=out,
                                        stderr=subprocess.STDOUT, text=True))
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -176,7 +171,7 @@ def run_horovod(cluster, venv: str, workers: int, controller: str, module: str,
     # runs.horovod_command places every rank on localhost: put them on the hosts instead.
     cmd[cmd.index("-H") + 1] = host_list(cluster, workers)
     proc = subprocess.run(cluster.command("h0", cmd), capture_output=True, text=True,
-                          timeout=timeout_s, env=_env(env), cwd=runs.REPO)
+                          timeout=timeout_s, env=runs.child_env(env), cwd=runs.REPO)
     results = runs.parse(proc.stdout)
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"{what} on hosts failed (rc={proc.returncode}): {' '.join(cmd)}\n"

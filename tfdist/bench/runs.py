@@ -17,6 +17,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MPI_ROOT_ARGS = "--allow-run-as-root --oversubscribe"
 
 
+def child_env(extra: dict | None = None, environ: dict | None = None) -> dict:
+    """Pure function: the environment of a benchmark's child process.
+
+    Args:
+        extra: Variables set last (they win).
+        environ: The environment inherited; `os.environ` when None.
+
+    Returns:
+        `environ` with TensorFlow quiet, output unbuffered and this checkout
+        first on PYTHONPATH, before the inherited PYTHONPATH rather than
+        instead of it: clusters set PYTHONPATH (`module load`) for packages
+        the children need too.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    inherited = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO]
+    return {**environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([REPO, *inherited]), **(extra or {})}
+
+
 def emit(result: dict) -> None:
     """Prints a worker's result line (call on one rank only unless all are wanted)."""
     print(MARK + json.dumps(result), flush=True)
@@ -88,10 +107,8 @@ def run(cmd: list[str], timeout_s: float, env: dict | None = None,
     Raises:
         RuntimeError: when it fails or prints no result, with its output's tail.
     """
-    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": REPO, **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                          env=full_env, cwd=REPO)
+                          env=child_env(env), cwd=REPO)
     results = parse(proc.stdout)
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"{what} failed (rc={proc.returncode}): {' '.join(cmd)}\n"
