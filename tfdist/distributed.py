@@ -113,6 +113,22 @@ class Distributed:
         """The optimizer to compile with (horovod and shm wrap it in their all-reduce)."""
         return self.hooks.wrap_optimizer(optimizer)
 
+    def model(self, model):
+        """The model to compile: `model` itself, or split over devices (model_parallel, pipeline).
+
+        Args:
+            model: A built, uncompiled Keras model (build it inside `scope()`).
+
+        Raises:
+            ConfigError: when the strategy cannot split this model (one line
+                naming the layer and what to do).
+        """
+        return self.hooks.transform_model(model)
+
+    def compile_kwargs(self) -> dict:
+        """Extra `model.compile` arguments the strategy needs (shm: no XLA)."""
+        return self.hooks.compile_kwargs()
+
     def callbacks(self, learning_rate: float = 0.0) -> list:
         """Callbacks `fit` needs under this strategy (horovod, shm: broadcast of the
         chief's initial state, metric averaging); empty for tf.distribute strategies."""
@@ -139,6 +155,7 @@ class Distributed:
 
 def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | None = None,
           collective: str = "auto", timeout_s: float | None = 300.0,
+          microbatches: int = 1, placement: str = "", grad_compression: str = "none",
           tf_logs: bool = False) -> Distributed:
     """Finds the cluster, starts TensorFlow quietly and builds the strategy.
 
@@ -153,6 +170,11 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
         threads: Intra-op threads per process (None: TensorFlow's choice).
         collective: MWMS collectives: "auto", "ring" or "nccl".
         timeout_s: Collective timeout, so a dead peer ends the job.
+        microbatches: pipeline: micro-batches per batch.
+        placement: model_parallel, pipeline: "a,b=/cpu:0;c=/cpu:1" layer groups
+            on devices; empty for an even split over `devices`.
+        grad_compression: "none", "fp16" or "bf16": gradients cast for the
+            all-reduce and back (data-parallel strategies).
         tf_logs: Show TensorFlow's C++ start-up lines.
 
     Returns:
@@ -168,13 +190,17 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
 
     strategies.check_available(strategy)
     info = cluster_lib.detect()
+    # Before TensorFlow: e.g. a one-process strategy started as one task of several.
+    strategies.choose(strategy, info, devices).check_cluster()
     import_tensorflow(show_logs=tf_logs or cluster_lib.detect_console().tf_logs)
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
     configure_runtime(cpu_devices=devices if devices and devices > 1 and gpu_count() == 0
                       else None, intra_op_threads=threads)
     options = strategies.StrategyOptions(devices=devices, collective=collective,
-                                         timeout_s=timeout_s)
+                                         timeout_s=timeout_s, microbatches=microbatches,
+                                         placement=placement,
+                                         grad_compression=grad_compression)
     adapter, built = strategies.build(strategy, info, options, gpu_count())
     return Distributed(strategy=built, name=adapter.name, cluster=info, hooks=adapter.hooks())
 

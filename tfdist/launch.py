@@ -237,7 +237,9 @@ class _TaskGroup:
                 log = open(os.path.join(log_dir, log_file_name(label)), "ab" if append else "wb")
                 lock = threading.Lock()
                 self._logs.append(log)
-            task_env = {**base_env, "TF_CONFIG": json.dumps(cfg)}
+            # TFDIST_LAUNCHER lets a worker name this launcher in its messages.
+            task_env = {**base_env, "TF_CONFIG": json.dumps(cfg),
+                        "TFDIST_LAUNCHER": "tfdist.launch"}
             spawn = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda cpus=cpus: _child_setup(launcher_pid, cpus))
             if on and on[0] is not None:

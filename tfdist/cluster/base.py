@@ -57,6 +57,8 @@ class ClusterInfo:
             the job is a single process.
         local_rank: Rank of this process on its host (picks a GPU there).
         hostname: Host this process runs on, when the source knows it.
+        launcher: The program that started the job's processes, when the
+            environment says ("tfdist.launch", "horovodrun", "mpirun", "srun").
     """
 
     source: str
@@ -67,6 +69,25 @@ class ClusterInfo:
     tf_config: dict[str, Any] | None = None
     local_rank: int = 0
     hostname: str | None = None
+    launcher: str | None = None
+
+    @property
+    def num_tasks(self) -> int:
+        """Every process of the job: the training workers and any ps tasks."""
+        spec = (self.tf_config or {}).get("cluster", {})
+        return max(self.num_workers, sum(len(v) for v in spec.values()))
+
+    @property
+    def origin(self) -> str:
+        """Where the job's size was read, for messages: 'tfdist.launch (TF_CONFIG)', 'Slurm'..."""
+        variable = {"tf_config": "TF_CONFIG", "slurm": "SLURM_NTASKS",
+                    "horovod": "HOROVOD_SIZE" if self.launcher == "horovodrun"
+                    else "OMPI_COMM_WORLD_SIZE"}.get(self.source)
+        where = {"tfdist.launch": "tfdist.launch", "srun": "Slurm", "horovodrun": "horovodrun",
+                 "mpirun": "mpirun"}.get(self.launcher or "", "")
+        if not variable:
+            return where or self.source
+        return f"{where} ({variable})" if where else variable
 
     @property
     def is_chief(self) -> bool:

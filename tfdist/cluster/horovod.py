@@ -72,9 +72,11 @@ class HorovodEnvironment(ClusterEnvironment):
                 f"but {b[0]}/{b[1]}={ranks[1][0]}/{ranks[1][1]}.\nHINT: {_HINT} Unset the "
                 "stray family.")
         rank, size, local_rank = ranks[0]
+        launcher = "horovodrun" if families[0][0] == "HOROVOD_RANK" else "mpirun"
         return ClusterInfo(source="horovod", num_workers=size, worker_index=rank,
                            task_type="worker", task_index=rank, tf_config=None,
-                           local_rank=local_rank, hostname=environ.get("HOROVOD_HOSTNAME"))
+                           local_rank=local_rank, hostname=environ.get("HOROVOD_HOSTNAME"),
+                           launcher=launcher)
 
 
 VENV_VAR = "TFDIST_HOROVOD_VENV"

@@ -324,9 +324,10 @@ class SlurmEnvironment(ClusterEnvironment):
 
             config = ps_tf_config(config["cluster"]["worker"], num_ps, procid)
             return dataclasses.replace(info_from_tf_config(config, source="slurm"),
-                                       local_rank=localid, hostname=hosts[node])
+                                       local_rank=localid, hostname=hosts[node],
+                                       launcher="srun")
         config["task"] = {"type": "worker", "index": procid}
         return ClusterInfo(source="slurm", num_workers=ntasks, worker_index=procid,
                            task_type="worker", task_index=procid,
                            tf_config=config if ntasks > 1 else None,
-                           local_rank=localid, hostname=hosts[node])
+                           local_rank=localid, hostname=hosts[node], launcher="srun")

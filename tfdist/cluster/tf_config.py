@@ -27,6 +27,8 @@ range. Where tfdist is deliberately stricter, it says so in the error:
 
 from __future__ import annotations
 
+import dataclasses
+
 import ipaddress
 import json
 import re
@@ -169,6 +171,10 @@ def parse_tf_config(text: str) -> dict[str, Any]:
     return config
 
 
+# Set by `tfdist.launch` in each task's environment, beside TF_CONFIG.
+LAUNCHER_VAR = "TFDIST_LAUNCHER"
+
+
 def info_from_tf_config(config: dict[str, Any], source: str = "tf_config") -> ClusterInfo:
     """Builds ClusterInfo from a validated TF_CONFIG dict."""
     cluster, task = config["cluster"], config["task"]
@@ -199,4 +205,7 @@ class TFConfigEnvironment(ClusterEnvironment):
 
     @staticmethod
     def resolve(environ) -> ClusterInfo:
-        return info_from_tf_config(parse_tf_config(environ[ENV_VAR]))
+        info = info_from_tf_config(parse_tf_config(environ[ENV_VAR]))
+        # tfdist.launch marks the TF_CONFIGs it writes, so messages can name it.
+        launcher = environ.get(LAUNCHER_VAR) or None
+        return dataclasses.replace(info, launcher=launcher) if launcher else info

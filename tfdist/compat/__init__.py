@@ -10,7 +10,8 @@ from __future__ import annotations
 
 def apply_all() -> None:
     """Applies every workaround that the installed libraries need."""
-    from tfdist.compat import keras_grad_reduction, keras_mwms
+    from tfdist.compat import keras_grad_reduction, keras_mwms, keras_sparse_duplicates
 
     keras_mwms.apply()
     keras_grad_reduction.apply()
+    keras_sparse_duplicates.apply()

@@ -19,7 +19,8 @@ UPSTREAM = "tensorflow/tensorflow#53671"
 def place_layer(layer, device: str):
     """Makes `layer` create its variables and run its forward ops on `device`.
 
-    Call it before the layer is built. The wrappers are instance attributes,
+    Call it before the layer is built (a layer without weights may be built
+    already: only its call is placed then). The wrappers are instance attributes,
     so the layer's class and config (and a saved model.keras) stay plain Keras.
 
     Args:
@@ -30,11 +31,12 @@ def place_layer(layer, device: str):
         The same layer, for chaining.
 
     Raises:
-        ValueError: when the layer is already built (its variables exist).
+        ValueError: when the layer is already built and has weights (they
+            exist elsewhere).
     """
     import tensorflow as tf
 
-    if layer.built:
+    if layer.built and layer.weights:
         raise ValueError(f"place_layer needs an unbuilt layer, so that its variables are created "
                          f"on {device}. Received built layer {layer.name!r}.")
     build, call = layer.build, layer.call

@@ -81,7 +81,8 @@ def _model_class():
                 h = xs[i]
                 for s in range(p):
                     with tf.device(self.stage_devices[s]), tf.GradientTape() as tape:
-                        tape.watch(h)
+                        if s > 0:  # the model's input (maybe integer tokens) needs no gradient
+                            tape.watch(h)
                         out = self.run_stage(s, h, training=True)
                         if s == p - 1:
                             losses[i] = self._compute_loss(x=xs[i], y=ys[i], y_pred=out,
@@ -102,7 +103,7 @@ def _model_class():
                         if s > 0:
                             upstream, g = g[0], g[1:]
                         grads[s] = list(g) if grads[s] is None else [
-                            a + b for a, b in zip(grads[s], g)]
+                            _add(a, b) for a, b in zip(grads[s], g)]
             self.optimizer.apply([g for gs in grads for g in gs],
                                  [v for vs in variables for v in vs])
             with tf.device(self.stage_devices[-1]):
@@ -122,6 +123,18 @@ def _model_class():
     return PipelineModel
 
 
+def _add(a, b):
+    """a + b for gradients: IndexedSlices (an Embedding's) are concatenated, not densified."""
+    import tensorflow as tf
+
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                                tf.concat([a.indices, b.indices], 0), dense_shape=a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
 def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1):
     """Splits a chain model into placed stages trained with micro-batches.
 
@@ -130,7 +143,8 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             functional model where each layer feeds the next).
         devices: Devices for an even split of the layers (one stage each).
         placement: Instead of `devices`, "a,b=/cpu:0;c=/cpu:1": contiguous
-            layer groups in model order, one stage per group.
+            layer groups in model order, one stage per group. Layers without
+            weights go with their neighbours in both cases.
         microbatches: M, micro-batches per batch; M = 1 is naive model parallelism.
 
     Returns:
@@ -139,8 +153,9 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
     Raises:
         ConfigError: for a non-chain model, a bad placement, a missing device.
     """
-    names = [layer.name for layer in placement_lib.chain_layers(model)]
-    groups = placement_lib.assign(names, devices, placement)
+    layers = placement_lib.chain_layers(model)
+    groups = placement_lib.assign([layer.name for layer in layers], devices, placement,
+                                  placement_lib.weightless_names(layers))
     stages = placement_lib.placed_stages(model, groups)
     return _model_class()(stages, microbatches, input_shape=model.inputs[0].shape,
                           name=model.name)

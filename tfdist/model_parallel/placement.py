@@ -66,25 +66,26 @@ def chain_layers(model) -> list:
 
 
 def assign(layer_names: list[str], devices: list[str] | None = None,
-           placement: str = "") -> list[tuple[str, list[str]]]:
+           placement: str = "", weightless: set[str] = frozenset()) -> list[tuple[str, list[str]]]:
     """Groups of (device, layer names) from a --placement spec or an even split over devices.
+
+    Layers in `weightless` (no weights) go with their neighbours: they are
+    not counted in an even split and need no `--placement` entry.
 
     Raises:
         ConfigError: for a bad spec or too few layers.
     """
     if placement:
-        groups = plan.parse_placement(placement)
-        plan.check_groups_cover(groups, layer_names)
-        return groups
+        return plan.attach_weightless(plan.parse_placement(placement), layer_names, weightless)
     if not devices:
         raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) or "
                           "--placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
-    sizes = plan.even_split(len(layer_names), len(devices))
-    groups, start = [], 0
-    for device, size in zip(devices, sizes):
-        groups.append((device, layer_names[start:start + size]))
-        start += size
-    return groups
+    return plan.even_groups(layer_names, devices, weightless)
+
+
+def weightless_names(layers) -> set[str]:
+    """Names of the layers that hold no weights (they go with their neighbours)."""
+    return {layer.name for layer in layers if not layer.weights}
 
 
 def placed_stages(model, groups: list[tuple[str, list[str]]]) -> list[tuple[str, list]]:
@@ -111,13 +112,29 @@ def placed_stages(model, groups: list[tuple[str, list[str]]]) -> list[tuple[str,
     for device, names in groups:
         placed = []
         for name in names:
-            old = originals[name]
-            new = place_layer(old.__class__.from_config(old.get_config()), device)
+            new = _placed_copy(originals[name], device)
             h = new(h)
-            new.set_weights(old.get_weights())
+            new.set_weights(originals[name].get_weights())
             placed.append(new)
         stages.append((device, placed))
     return stages
+
+
+def _placed_copy(layer, device: str):
+    """A fresh copy of `layer` from its config, placed on `device`; ConfigError naming it."""
+    try:
+        copy = layer.__class__.from_config(layer.get_config())
+    except Exception as e:  # any failure of a user's layer class: one line naming it
+        raise ConfigError(
+            f"Layer {layer.name!r} ({type(layer).__name__}) cannot be copied onto {device} from "
+            f"its config: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Give "
+            "the layer a get_config() that its constructor accepts (Keras serialization), or "
+            "train it with a data-parallel strategy.") from None
+    if copy.built and copy.weights:
+        raise ConfigError(f"Layer {layer.name!r} ({type(layer).__name__}) creates its weights "
+                          f"when constructed, so they cannot be placed on {device}. Create them "
+                          "in build() (Keras's convention), or use a data-parallel strategy.")
+    return place_layer(copy, device)
 
 
 def variable_device(variable) -> str:

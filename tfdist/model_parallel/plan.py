@@ -108,6 +108,57 @@ def check_groups_cover(groups: list[tuple[str, list[str]]], layer_names: list[st
                           f"per stage. Received order {named}; the model's is {layer_names}.")
 
 
+def attach_weightless(groups: list[tuple[str, list[str]]], layer_names: list[str],
+                      weightless: set[str]) -> list[tuple[str, list[str]]]:
+    """Pure function: `groups` with every unnamed weightless layer placed beside its neighbour.
+
+    A layer without weights (pooling, dropout, reshape) has nothing to place,
+    so it goes with the layer before it (the first stage for leading ones) and
+    never needs its own stage or its own `--placement` entry. Layers the
+    groups do name stay where they are named.
+
+    Args:
+        groups: [(device, [layer names])], in stage order.
+        layer_names: Every layer of the model, in model order.
+        weightless: The names of the layers that have no weights.
+
+    Returns:
+        The groups with the weightless layers inserted, in model order.
+
+    Raises:
+        ConfigError: as `check_groups_cover` does for the named layers and
+            the layers with weights.
+    """
+    named = {n for _, layers in groups for n in layers}
+    check_groups_cover(groups, [n for n in layer_names if n in named or n not in weightless])
+    owner = {n: i for i, (_, layers) in enumerate(groups) for n in layers}
+    out: list[tuple[str, list[str]]] = [(device, []) for device, _ in groups]
+    current = 0
+    for name in layer_names:
+        current = owner.get(name, current)
+        out[current][1].append(name)
+    return out
+
+
+def even_groups(layer_names: list[str], devices: list[str],
+                weightless: set[str] = frozenset()) -> list[tuple[str, list[str]]]:
+    """Pure function: contiguous groups, one per device, even in layers that have weights.
+
+    Weightless layers do not count (see `attach_weightless`): 2 devices over
+    Embedding, Pooling, Dense, Dropout, Dense split 2 + 1 weighted layers.
+
+    Raises:
+        ConfigError: when there are fewer layers with weights than devices.
+    """
+    weighted = [n for n in layer_names if n not in weightless]
+    sizes = even_split(len(weighted), len(devices))
+    groups, start = [], 0
+    for device, size in zip(devices, sizes):
+        groups.append((device, weighted[start:start + size]))
+        start += size
+    return attach_weightless(groups, layer_names, weightless)
+
+
 def device_totals(rows: list[tuple[str, str, int, int]]) -> dict[str, tuple[int, int]]:
     """Per device, (parameters, bytes) summed over (layer, device, params, bytes) rows."""
     totals: dict[str, tuple[int, int]] = {}

@@ -207,6 +207,8 @@ class Adapter:
         portable: Synchronous data parallelism: the same math on any number
             of replicas at one global batch, so a backup resumes under any
             other portable adapter (`tfdist.run_dir`).
+        one_process: Trains in one process; refused as one task of several
+            (each would train alone, unsynchronised).
     """
 
     name: ClassVar[str] = ""
@@ -216,6 +218,7 @@ class Adapter:
     process_replicas: ClassVar[bool] = False
     sync_workers: ClassVar[bool] = False
     portable: ClassVar[bool] = False
+    one_process: ClassVar[bool] = False
 
     def __init__(self, cluster, options: StrategyOptions | None = None):
         self.cluster = cluster
@@ -235,6 +238,7 @@ class Adapter:
         """
         from tfdist.option import flag
 
+        cls.check_cluster(cluster)
         for key, (only, why) in cls.refuses.items():
             if key in cfg and cfg[key] != only:
                 raise ConfigError(f"{flag(key)} does not apply to --strategy {cls.name}: {why}. "
@@ -253,12 +257,35 @@ class Adapter:
             data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
 
     @classmethod
+    def check_cluster(cls, cluster) -> None:
+        """Pre-TensorFlow checks of the cluster alone (pure); `check_config` runs them too.
+
+        Raises:
+            ConfigError: for a one-process strategy started as one task of several.
+        """
+        if cls.one_process and cluster.num_tasks > 1:
+            together = ", ".join(together_names(cluster))
+            raise ConfigError(
+                f"--strategy {cls.name} trains in one process, but this process is one of "
+                f"{cluster.num_tasks} tasks started by {cluster.origin}: each would train "
+                f"alone. Use a strategy that trains the tasks together ({together}), or run "
+                f"one process.")
+
+    @classmethod
     def runs_loop(cls, cluster) -> bool:
         """Whether this process runs the training loop (and owns the run dir's reads)."""
         return True
 
     def startup_note(self) -> str | None:
-        """A line to print before `build` blocks (waiting for peers), or None."""
+        """A line to print before `build` blocks (waiting for peers), or None.
+
+        A strategy that trains several processes together says, when it finds
+        no cluster, that it trains as one.
+        """
+        if self.sync_workers and not self.cluster.is_multi_worker:
+            return (f"--strategy {self.name}: no cluster found (no TF_CONFIG, Slurm task or "
+                    "horovodrun rank), so this process trains as one worker; start N workers "
+                    f"with python -m tfdist.launch -n N -- COMMAND")
         return None
 
     def build(self):
@@ -268,6 +295,18 @@ class Adapter:
     def hooks(self) -> Hooks:
         """What this adapter changes in the trainer (the defaults change nothing)."""
         return Hooks()
+
+
+def together_names(cluster) -> list[str]:
+    """Pure function: the strategies that train this cluster's tasks together.
+
+    Horovod's ranks come from horovodrun or mpirun; the others read TF_CONFIG
+    or Slurm; parameter_server needs ps tasks in the cluster.
+    """
+    if cluster.source == "horovod":
+        return [n for n, a in REGISTRY.items() if a.sync_workers and n == "horovod"]
+    names = [n for n, a in REGISTRY.items() if a.sync_workers and n != "horovod"]
+    return names + (["parameter_server"] if has_ps_tasks(cluster) else [])
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:
@@ -407,6 +446,11 @@ class Choice:
         for candidate in self.candidates:
             candidate.check_available()
 
+    def check_cluster(self) -> None:
+        """Every candidate's checks of the cluster alone (pure)."""
+        for candidate in self.candidates:
+            candidate.check_cluster(self.cluster)
+
     def check_config(self, cfg) -> None:
         """Every candidate's pre-TensorFlow checks."""
         for candidate in self.candidates:
@@ -477,7 +521,8 @@ def build(name: str, cluster=None, options: StrategyOptions | None = None,
 
 __all__ = ["ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks", "ProcessReplicaHooks",
            "StrategyOptions", "accepting", "adapter_class", "build", "build_hooks",
-           "build_strategy", "OPTION_FIELDS", "options_from", "check_available", "check_name", "choose", "has_ps_tasks",
+           "build_strategy", "OPTION_FIELDS", "options_from", "check_available", "check_name", "choose",
+           "has_ps_tasks", "together_names",
            "possible_names", "refusal", "refused_by", "register", "resolve_name", "valid_names"]
 
 # Importing the adapters registers them (in this order, the order `valid_names` lists).

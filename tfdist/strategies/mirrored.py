@@ -27,6 +27,7 @@ class Mirrored(Adapter):
 
     name = "mirrored"
     portable = True
+    one_process = True
     accepts = ("devices", "grad_compression")
 
     @classmethod

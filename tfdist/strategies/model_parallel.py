@@ -65,6 +65,7 @@ class ModelParallel(Adapter):
 
     name = "model_parallel"
     accepts = ("devices", "placement")
+    one_process = True
 
     @classmethod
     def check_config(cls, cfg, cluster):

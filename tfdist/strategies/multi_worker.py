@@ -191,7 +191,7 @@ class MultiWorker(Adapter):
 
     def startup_note(self):
         if not self.cluster.is_multi_worker:
-            return None
+            return super().startup_note()
         return (f"{self.cluster.task_type} {self.cluster.task_index}: starting; waiting up to "
                 f"{self.options.startup_timeout_s:g} s (--startup-timeout-s) for the other "
                 "workers")

@@ -18,6 +18,7 @@ class Single(Adapter):
 
     name = "single"
     portable = True
+    one_process = True
 
     def build(self):
         return build(self.cluster, self.options)

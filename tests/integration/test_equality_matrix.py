@@ -1,0 +1,220 @@
+"""The equality matrix: every strategy x every optimizer x a dense and a sparse model.
+
+Each strategy trains every cell in turn in one launched job
+(tests/workers/equality_matrix.py, through `tfdist.setup()`), so the suite
+pays each start-up once. Every cell must end with the single-replica weights
+at rtol 1e-5 (float32), or be refused before training with one line naming
+the layer (model_parallel and pipeline split chains of layers only; the
+attention model has a residual branch). Variants check the sparse path
+under gradient accumulation and compression, and a negative control shows
+the check failing on Keras's own sparse updates (shm before the fix).
+
+One weight is left out of every comparison: the attention key projection's
+bias. Softmax ignores a constant shift of the scores, so that bias gets no
+gradient and only rounding noise; optimizers that normalise the step (Adam,
+Lion, ...) turn that noise into full-size steps of random sign, so it
+differs between any two summation orders, even between 1 and 2 replicas of
+TensorFlow's own MirroredStrategy (measured: up to 4e-2 under Lion after 6
+steps, while every other weight agrees to 1e-7).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, WORKERS, clean_env, run_py, tail
+
+pytestmark = pytest.mark.integration
+
+WORKER = os.path.join(WORKERS, "equality_matrix.py")
+RTOL, ATOL = 1e-5, 1e-6
+FP16_ATOL = 1e-3  # as tests/integration/test_grad_compression.py: fp16 on the wire
+NO_GRADIENT = ("mha/key/bias",)  # see the module docstring
+DATA_PARALLEL = "dense,attention"
+MODEL_PARALLEL = "dense,chain,attention"
+SPARSE_VARIANTS = "attention:adam:acc2,attention:rmsprop:acc2,attention:adam:fp16"
+UPSTREAM = "attention:adam:upstream,attention:rmsprop:upstream"  # the negative control
+HOROVOD_VENV = os.environ.get("TFDIST_HOROVOD_VENV",
+                              os.path.expanduser("~/.cache/tfdist/horovod-venv"))
+
+# strategy -> (how it is launched: processes, worker arguments)
+JOBS = {
+    "single": (0, ["single", "--models", "dense,attention,chain", "--variants", UPSTREAM]),
+    "mirrored": (0, ["mirrored", "--devices", "2", "--models", DATA_PARALLEL,
+                     "--variants", SPARSE_VARIANTS]),
+    "multi_worker": (2, ["multi_worker", "--models", DATA_PARALLEL,
+                         "--variants", SPARSE_VARIANTS]),
+    "shm": (2, ["shm", "--models", DATA_PARALLEL, "--variants",
+                f"{SPARSE_VARIANTS},{UPSTREAM}"]),
+    "model_parallel": (0, ["model_parallel", "--devices", "2", "--models", MODEL_PARALLEL]),
+    "pipeline": (0, ["pipeline", "--devices", "2", "--microbatches", "2",
+                     "--models", MODEL_PARALLEL]),
+}
+
+
+def _run(out, processes, args):
+    if processes:
+        proc = run_py(["-m", "tfdist.launch", "-n", str(processes), "--timeout", "400", "--",
+                       "python", WORKER, args[0], out, *args[1:]], timeout=450)
+    else:
+        proc = run_py([WORKER, args[0], out, *args[1:]], timeout=400)
+    assert proc.returncode == 0, tail(proc)
+    return _load(out)
+
+
+def _load(out):
+    """{worker: {cell: weights dict, or the refusal's text}}."""
+    found = {}
+    for worker in sorted(os.listdir(out)):
+        cells = found.setdefault(worker, {})
+        for name in sorted(os.listdir(os.path.join(out, worker))):
+            path = os.path.join(out, worker, name)
+            stem, ext = os.path.splitext(name)
+            if ext == ".init":
+                cells[f"init:{stem}"] = dict(np.load(path))
+            else:
+                cells[stem] = dict(np.load(path)) if ext == ".npz" else open(path).read()
+    return found
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    """Runs a strategy's job the first time a test asks for it."""
+    tmp = tmp_path_factory.mktemp("matrix")
+    done = {}
+
+    def get(strategy):
+        if strategy not in done:
+            processes, args = JOBS[strategy]
+            done[strategy] = _run(str(tmp / strategy), processes, args)
+        return done[strategy]
+
+    return get
+
+
+def _compared(weights):
+    return {k: v for k, v in weights.items() if k not in NO_GRADIENT}
+
+
+def _assert_equal_weights(got, want, rtol=RTOL, atol=ATOL, cell=""):
+    got, want = _compared(got), _compared(want)
+    assert sorted(got) == sorted(want), cell
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=atol,
+                                   err_msg=f"{cell}: {key}")
+
+
+def _check_strategy(strategy, workers, reference):
+    cells = workers["worker0"]
+    plain = [c for c in cells if c.count("-") == 1 and not c.startswith("init:")]
+    assert len(plain) >= 24, sorted(cells)  # 12 optimizers x at least 2 models
+    trained = 0
+    for cell in plain:
+        got = cells[cell]
+        if isinstance(got, str):  # refused before training: one line naming the layer
+            assert strategy in ("model_parallel", "pipeline") and cell.startswith("attention-")
+            assert "\n" not in got and "Layer 'mha'" in got, got
+            continue
+        _assert_equal_weights(got, reference[cell], cell=f"{strategy} {cell}")
+        trained += 1
+        for other in workers.values():  # every worker applied the same reduced gradients
+            for key, value in got.items():
+                np.testing.assert_array_equal(other[cell][key], value, err_msg=cell)
+    assert trained >= 24, trained
+
+
+def test_single_replica_training_moved_every_weight_it_compares(matrix):
+    # Guards against comparing two initialisations: each reference cell trained.
+    cells = matrix("single")["worker0"]
+    plain = [c for c in cells if c.count("-") == 1 and not c.startswith("init:")]
+    assert len(plain) == 36, sorted(cells)  # 12 optimizers x 3 models
+    for cell in plain:
+        start = _compared(cells[f"init:{cell.split('-')[0]}"])
+        moved = _compared(cells[cell])
+        # Each weight moved 100 times the absolute tolerance, so equality says something.
+        still = {k: float(np.abs(moved[k] - start[k]).max()) for k in start}
+        assert min(still.values()) > 100 * ATOL, (cell, sorted(still.items(), key=lambda i: i[1]))
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker", "shm", "model_parallel",
+                                      "pipeline"])
+def test_every_cell_equals_single_replica(matrix, strategy):
+    reference = matrix("single")["worker0"]
+    workers = matrix(strategy)
+    expected = 1 if strategy in ("mirrored", "model_parallel", "pipeline") else 2
+    assert len(workers) == expected
+    _check_strategy(strategy, workers, reference)
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker", "shm"])
+def test_sparse_gradients_accumulated_equal_one_full_batch(matrix, strategy):
+    reference = matrix("single")["worker0"]
+    cells = matrix(strategy)["worker0"]
+    for optimizer in ("adam", "rmsprop"):
+        _assert_equal_weights(cells[f"attention-{optimizer}-acc2"],
+                              reference[f"attention-{optimizer}"],
+                              cell=f"{strategy} attention-{optimizer}-acc2")
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker", "shm"])
+def test_sparse_gradients_compressed_stay_within_fp16_rounding(matrix, strategy):
+    reference = _compared(matrix("single")["worker0"]["attention-adam"])
+    got = _compared(matrix(strategy)["worker0"]["attention-adam-fp16"])
+    diff = max(float(np.abs(got[k] - reference[k]).max()) for k in reference)
+    assert 0 < diff < FP16_ATOL, diff  # the casts happened, and cost only their rounding
+
+
+def test_keras_sparse_updates_fail_the_check_on_shm(matrix):
+    # The negative control, tfdist before the fix: with Keras's own sparse updates
+    # one replica applies repeated embedding rows separately while 2 shm ranks sum
+    # them densely; the check must catch the difference.
+    reference = matrix("single")["worker0"]
+    cells = matrix("shm")["worker0"]
+    for optimizer in ("adam", "rmsprop"):
+        got = _compared(cells[f"attention-{optimizer}-upstream"])
+        want = _compared(reference[f"attention-{optimizer}-upstream"])
+        diff = max(float(np.abs(got[k] - want[k]).max()) for k in want)
+        assert diff > 1e-3, (optimizer, diff)
+
+
+@pytest.fixture(scope="module")
+def horovod_runs(tmp_path_factory):
+    """2 Gloo ranks and their single-replica reference, both in the Horovod venv (TF 2.18)."""
+    from tests.integration.test_horovod import horovodrun
+
+    python = os.path.join(HOROVOD_VENV, "bin", "python")
+    if not os.access(python, os.X_OK):
+        reason = f"no Horovod venv at {HOROVOD_VENV}: run scripts/install_horovod.sh"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Horovod matrix, but {reason}")
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("hvd_matrix")
+    single = str(tmp / "single")
+    proc = subprocess.run([python, WORKER, "single", single, "--models", DATA_PARALLEL],
+                          capture_output=True, text=True, timeout=400, cwd=REPO,
+                          env=clean_env(PYTHONPATH=REPO))
+    assert proc.returncode == 0, tail(proc)
+    ranks = str(tmp / "horovod")
+    proc = horovodrun(HOROVOD_VENV, 2, "gloo", [WORKER, "horovod", ranks, "--models",
+                                                DATA_PARALLEL, "--variants", SPARSE_VARIANTS],
+                      timeout=450)
+    assert proc.returncode == 0, tail(proc)
+    return _load(single)["worker0"], _load(ranks)
+
+
+def test_horovod_every_cell_equals_single_replica(horovod_runs):
+    reference, workers = horovod_runs
+    assert len(workers) == 2
+    _check_strategy("horovod", workers, reference)
+    cells = workers["worker0"]
+    for optimizer in ("adam", "rmsprop"):  # sparse gradients, 2 accumulated half batches
+        _assert_equal_weights(cells[f"attention-{optimizer}-acc2"],
+                              reference[f"attention-{optimizer}"],
+                              cell=f"horovod attention-{optimizer}-acc2")
+    got, want = _compared(cells["attention-adam-fp16"]), _compared(reference["attention-adam"])
+    diff = max(float(np.abs(got[k] - want[k]).max()) for k in want)
+    assert 0 < diff < FP16_ATOL, diff
