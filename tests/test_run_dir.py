@@ -129,3 +129,24 @@ def test_batch_change_mid_epoch_under_fixed_epoch_length_is_refused_before_tenso
     check_batch_change(found, _cfg(global_batch_size=64, steps_per_epoch=10))  # no change
     at_epoch_end = run_dir.Found(backup="b", global_batch_size=64)
     check_batch_change(at_epoch_end, _cfg(global_batch_size=96, steps_per_epoch=10))
+
+
+def test_epochs_change_line_says_what_the_rerun_does():
+    def line(asked, done, epochs, step_in_epoch=0):
+        found = run_dir.Found(backup="b", epochs_done=done, epochs_asked=asked,
+                              step_in_epoch=step_in_epoch)
+        return run_dir.epochs_change_line(found, epochs, "runs/x")
+
+    assert line(None, 3, 5) is None and line(5, 3, 5) is None  # unknown, or the same asked
+    assert line(2, 2, 4) == "extending the run in runs/x from 2 to 4 epochs (2 done)"
+    # Fewer epochs asked than before: never "extending ... from 200 to 30".
+    assert line(200, 20, 30, step_in_epoch=5) == (
+        "shortening the run in runs/x from 200 to 30 epochs (20 done): it stops after epoch 30")
+    assert line(200, 35, 30, step_in_epoch=4) == (
+        "the run in runs/x is already past 30 epochs (35 done and 4 steps of epoch 36, of the "
+        "200 asked before): no step is trained; its model as backed up is evaluated and "
+        "written. Pass --epochs N (N > 35) to train it further")
+    assert line(3, 1, 1, step_in_epoch=12).startswith("the run in runs/x is already past 1 epoch "
+                                                      "(1 done and 12 steps of epoch 2, of the 3")
+    assert line(200, 30, 30, step_in_epoch=4).startswith(
+        "the run in runs/x is already past 30 epochs (30 done and 4 steps of epoch 31")

@@ -75,6 +75,23 @@ def make_backup_callback(store: BackupStore, state: TrainState, meta: dict, *,
     return BackupCallback()
 
 
+def make_progress_bar(total_epochs: int):
+    """Keras's progress bar, numbering epochs out of the run's `total_epochs`.
+
+    A run resumed mid-epoch finishes that epoch in a `fit` of its own
+    (`epochs=E + 1`), which Keras's own bar shows as "Epoch E+1/E+1"; this
+    one shows "Epoch E+1/TOTAL". Passed to `fit`, it replaces Keras's bar;
+    with `verbose=0` it prints nothing, as Keras's would.
+    """
+    import keras
+
+    class RunProgbarLogger(keras.callbacks.ProgbarLogger):
+        def set_params(self, params):
+            super().set_params({**params, "epochs": total_epochs})
+
+    return RunProgbarLogger()
+
+
 def make_csv_logger(writer: ChiefWriter, state: TrainState, name: str = "history.csv"):
     """CSV of the per-epoch history, rewritten atomically each epoch by `writer` (chief only)."""
     base = _keras_callback()

@@ -7,7 +7,7 @@ TensorFlow starts, a rerun compares it with the newest backup's record:
 * the same configuration, unfinished: resume (the trainer restores it);
 * the same configuration, finished (its epochs done, at an epoch end):
   "already finished (N epochs), nothing to do"; exit 0, nothing rewritten;
-  a larger --epochs extends it, and says so;
+  a larger --epochs extends it, and says so (`epochs_change_line`);
 * a different configuration: an error naming each difference, offering
   --no-resume (start over there) or another --model-dir;
 * another global batch with --rescale-lr-on-batch-change: resume, the
@@ -113,6 +113,35 @@ class Found:
     step_in_epoch: int = 0
     global_batch_size: int | None = None
     learning_rate: float | None = None
+
+
+def epochs_change_line(found: Found, epochs: int, model_dir: str) -> str | None:
+    """Pure function: what a rerun asking another --epochs than its backup's run does.
+
+    Args:
+        found: What the model dir holds (not `finished`: that run has nothing to do).
+        epochs: This run's --epochs.
+        model_dir: The run's directory, named in the line.
+
+    Returns:
+        None when the backup's run asked the same (or is unknown); otherwise
+        one line: extending, shortening, or already past `epochs`, where the
+        trainer trains no step and writes the model as the backup holds it.
+    """
+    asked, done = found.epochs_asked, found.epochs_done
+    if asked is None or asked == epochs:
+        return None
+    to = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    if epochs > asked:
+        return f"extending the run in {model_dir} from {asked} to {to} ({done} done)"
+    if done < epochs:
+        return (f"shortening the run in {model_dir} from {asked} to {to} ({done} done): it "
+                f"stops after epoch {epochs}")
+    # Mid-epoch at or past `epochs` (at an epoch end that would be `finished`).
+    return (f"the run in {model_dir} is already past {to} ({done} done and "
+            f"{found.step_in_epoch} steps of epoch {done + 1}, of the {asked} asked before): "
+            f"no step is trained; its model as backed up is evaluated and written. Pass "
+            f"--epochs N (N > {done}) to train it further")
 
 
 def recorded_learning_rate(record: dict) -> float | None:

@@ -183,9 +183,9 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
                           "further, or --no-resume to start over.")
             return Result(model=None, metrics=_read_metrics(model_dir), strategy=None,
                           cluster=cluster)
-        if found.epochs_asked is not None and found.epochs_asked != cfg["epochs"]:
-            _log(cluster, f"extending the run in {model_dir} from {found.epochs_asked} to "
-                          f"{cfg['epochs']} epochs ({found.epochs_done} done)")
+        line = run_dir.epochs_change_line(found, cfg["epochs"], model_dir)
+        if line:
+            _log(cluster, line)
         check_batch_change(found, cfg)
     else:
         found = run_dir.Found()
@@ -391,6 +391,7 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
     if logs.tensorboard:
         callbacks += [c for c in [cb.make_tensorboard(writer)] if c]
     verbose = config.keras_verbosity(logs.verbose, console.interactive)
+    callbacks.append(cb.make_progress_bar(training.epochs))  # last, where Keras puts its own
     start = time.perf_counter()
     try:
         while state.epoch < training.epochs and not backup_cb.preempted:
