@@ -8,9 +8,10 @@ Launch modes:
     TF_CONFIG='{"cluster": ..., "task": ...}' python -m tfdist.train digits_mlp   # each host
     python -m tfdist.launch --hosts h0:2,h1:2 -- python -m tfdist.train digits_mlp   # over ssh
     srun python -m tfdist.train digits_mlp          # each task of a Slurm step
-    horovodrun -np 4 -H localhost:4 --gloo python -m tfdist.train digits_mlp --strategy horovod
+    V=~/.cache/tfdist/horovod-venv   # the Horovod venv (holds no tfdist); from the checkout:
+    PYTHONPATH=$PWD $V/bin/horovodrun -np 4 -H localhost:4 --gloo $V/bin/python -m tfdist.train digits_mlp --strategy horovod
     python -m tfdist.launch --ps 1 --workers 2 -- python -m tfdist.train digits_mlp --strategy parameter_server
-    TFDIST_NUM_PS=1 srun python -m tfdist.train digits_mlp --strategy parameter_server
+    TFDIST_NUM_PS=1 srun -n 3 --overcommit python -m tfdist.train digits_mlp --strategy parameter_server
 
 RECIPE is a path to a recipe file, or a name: ./RECIPE.py in the working
 directory, else a recipe shipped with tfdist (recipes/); `--help` lists its

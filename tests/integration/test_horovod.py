@@ -210,17 +210,26 @@ def test_warmup_ramps_from_lr_over_size_to_lr(venv, tmp_path):
 
 
 def test_readme_horovodrun_command_four_ranks_gloo(venv, tmp_path):
-    """The README's Horovod launch row as written, with `python` the venv's."""
+    """The README's Horovod launch row as written, $PWD the checkout and $V the venv."""
     from tests.integration.test_launch_table import launch_table_commands
 
     (row,) = [c for c in launch_table_commands() if "horovodrun" in c]
+    words = [w.replace("$PWD", REPO).replace("$V", venv) for w in shlex.split(row)]
+    assigned = {}
+    while "=" in words[0]:  # the shell's NAME=value prefix: environment of horovodrun
+        name, value = words.pop(0).split("=", 1)
+        assigned[name] = value
+    assert assigned == {"PYTHONPATH": REPO}, row
     python = os.path.join(venv, "bin", "python")
-    argv = [python if a == "python" else a for a in shlex.split(row)]
-    assert argv[:3] == [python, "-m", "tfdist.horovodrun"], row
+    assert words[:3] == [python, "-m", "tfdist.horovodrun"], row
+    # Run elsewhere than the checkout and without the tests' PYTHONPATH, so tfdist is
+    # found through the row's PYTHONPATH alone (from the checkout, `-m` finds it in
+    # the working directory and hides a missing PYTHONPATH).
+    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
     model_dir = str(tmp_path / "D")
-    proc = subprocess.run([*argv, "--epochs", "2", "--threads", "1", "--verbose", "0",
+    proc = subprocess.run([*words, "--epochs", "2", "--threads", "1", "--verbose", "0",
                            "--model-dir", model_dir], capture_output=True, text=True,
-                          timeout=300, env=_env(), cwd=REPO)
+                          timeout=300, env={**env, **assigned}, cwd=tmp_path)
     assert proc.returncode == 0, tail(proc)
     assert "num_replicas=4 workers=4 source=horovod" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
