@@ -89,3 +89,77 @@ def test_microbatches_must_divide_the_batch_before_tensorflow():
                    "5"], timeout=60)
     assert proc.returncode == 2, tail(proc)
     assert "global_batch_size=64 is not divisible by microbatches=5" in proc.stderr
+
+
+# The issue's chain: a layer without weights between Embedding and Dense, and a Dropout.
+EMBED_CHAIN = '''
+DEFAULTS = {"epochs": 1, "global_batch_size": 32, "learning_rate": 0.05}
+
+
+def build_model(cfg):
+    import keras
+
+    return keras.Sequential([keras.Input((8,), dtype="int32"),
+                             keras.layers.Embedding(20, 8, name="embed"),
+                             keras.layers.GlobalAveragePooling1D(name="pool"),
+                             keras.layers.Dense(16, activation="relu", name="d1"),
+                             keras.layers.Dropout(0.1, name="drop"),
+                             keras.layers.Dense(3, name="out")], name="embed_chain")
+
+
+def build_dataset(cfg, split):
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    x = rng.integers(0, 20, size=(128, 8)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, (x[:, 0] % 3).astype("int32")))
+
+
+def compile_kwargs(cfg):
+    import keras
+
+    return {"loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
+'''
+# A residual branch: not a chain of layers, so refused before the first step.
+RESIDUAL = EMBED_CHAIN.replace('''    return keras.Sequential([keras.Input((8,), dtype="int32"),
+                             keras.layers.Embedding(20, 8, name="embed"),
+                             keras.layers.GlobalAveragePooling1D(name="pool"),
+                             keras.layers.Dense(16, activation="relu", name="d1"),
+                             keras.layers.Dropout(0.1, name="drop"),
+                             keras.layers.Dense(3, name="out")], name="embed_chain")''', '''    x = keras.Input((8,), dtype="int32")
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(keras.layers.Embedding(20, 8)(x))
+    h = keras.layers.Add(name="res")([h, keras.layers.Dense(8, name="d1")(h)])
+    return keras.Model(x, keras.layers.Dense(3, name="out")(h))''')
+
+
+def test_weightless_layers_go_with_their_neighbours_and_bad_models_are_one_line(tmp_path):
+    chain, residual = tmp_path / "embed_chain.py", tmp_path / "residual.py"
+    chain.write_text(EMBED_CHAIN)
+    residual.write_text(RESIDUAL)
+    proc = run_py(["-m", "tfdist.train", str(chain), "--strategy", "pipeline", "--devices", "2",
+                   "--microbatches", "2", "--model-dir", str(tmp_path / "m")], timeout=120)
+    assert proc.returncode == 0, tail(proc)
+    rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
+            if line.split() and line.split()[0] in ("embed", "pool", "d1", "drop", "out")}
+    assert rows == {"embed": "CPU:0", "pool": "CPU:0", "d1": "CPU:0", "drop": "CPU:0",
+                    "out": "CPU:1"}, proc.stdout
+    assert "WARNING" not in proc.stderr, proc.stderr  # no gradient asked of integer tokens
+    proc = run_py(["-m", "tfdist.train", str(residual), "--strategy", "model_parallel",
+                   "--devices", "2", "--model-dir", str(tmp_path / "r")], timeout=120)
+    assert proc.returncode == 2, tail(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "Layer 'res'" in errors[0] and "chain of layers" in errors[0], errors
+
+
+def test_one_process_strategy_under_the_launcher_is_refused_by_every_worker(tmp_path):
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--", "python", "-m", "tfdist.train",
+                   "digits_mlp", "--strategy", "mirrored", "--model-dir", str(tmp_path / "m")],
+                  timeout=60)
+    assert proc.returncode == 2, tail(proc)
+    refusals = [line for line in (proc.stdout + proc.stderr).splitlines()
+                if "--strategy mirrored trains in one process" in line]
+    assert refusals and all("one of 2 tasks started by tfdist.launch (TF_CONFIG)" in line
+                            and "(multi_worker, shm)" in line for line in refusals), refusals
+    assert not (tmp_path / "m").exists()  # refused before anything was written
