@@ -8,16 +8,17 @@ greedy decoding, written into metrics.json as `exact_match`, is measured on
 numbers the model never saw. Nothing is downloaded.
 
 Defaults are the lessons' Transformer: d_model 128, 4 heads, 2 encoder and 2
-decoder layers, feed-forward 512; Adam with the Noam schedule (linear warmup
-to --learning-rate, then 1/sqrt(step)), label smoothing 0.1, clipping at
-global norm 1.0. `--precision mixed_float16` computes in float16 with the
+decoder layers (feed-forward 512, 4 x d_model); Adam with the Noam schedule
+(linear warmup to --learning-rate, then 1/sqrt(step)), label smoothing 0.1,
+clipping at global norm 1.0. `--precision mixed_float16` computes in float16 with the
 logits (and so the softmax and the loss) in float32 and loss scaling.
 
-The model is a Keras functional model of built-in layers only (its
-model.keras loads with Keras alone), named by block:
+The model is a Keras functional model of built-in layers only, so its
+model.keras loads with Keras alone (`compile=False`: the saved optimizer's
+schedule is tfdist's). Its layers are named by block:
 
-    digits -> enc_embed -> enc_0_* -> enc_1_* -> enc_norm  (the encoder output)
-    words_in -> dec_embed -> dec_0_* -> dec_1_* -> dec_norm -> logits (float32)
+    digits -> enc_embed -> enc_position -> enc_0_* -> enc_1_* -> enc_norm (encoder output)
+    words_in -> dec_embed -> dec_position -> dec_0_* -> dec_1_* -> dec_norm -> logits
 
 Each block is pre-LayerNorm with its residuals inside it, so exactly one
 tensor (the residual stream) passes from one block to the next; every
@@ -25,15 +26,18 @@ decoder block's cross-attention also reads the encoder output. Attention is
 keras.layers.MultiHeadAttention without biases: its kernels are shaped by
 head ((d_model, heads, head_dim) and (heads, head_dim, d_model)), so they
 split by heads; an attention key bias would get no gradient (softmax ignores
-a constant shift) and carry only rounding noise.
+a constant shift) and carry only rounding noise. There is no padding mask:
+the encoder's PAD is a token like the others (the numbers are left-aligned,
+so it only ever follows the last digit), the decoder's self-attention is
+causal, and the loss and token accuracy weigh PAD targets 0.
 
 Launch:
     python -m tfdist.train numbers_to_words                     # about 2 minutes on 2 cores
     python -m tfdist.train numbers_to_words --precision mixed_float16
     python -m tfdist.train numbers_to_words --strategy mirrored --devices 2
     python -m tfdist.launch -n 2 -- python -m tfdist.train numbers_to_words --strategy multi_worker
-    python -m tfdist.train numbers_to_words --max-digits 3 --d-model 32 --ff-width 64 \\
-        --num-train 2000 --num-test 200 --epochs 3          # seconds, for tests
+    python -m tfdist.train numbers_to_words --max-digits 4 --d-model 32 --ff-width 64 \\
+        --num-train 2000 --num-test 200 --epochs 3 --warmup-steps 20   # seconds
 """
 
 from __future__ import annotations
@@ -282,16 +286,20 @@ def compile_kwargs(cfg):
 
 # --- greedy decoding -------------------------------------------------------------------------
 
-def greedy_decode(model, digits, batch_size: int = 500):
+def greedy_decode(model, digits, length: int, batch_size: int = 500):
     """The decoder's tokens, one at a time from START, each step feeding back its argmax.
+
+    Args:
+        model: Takes (digits, words_in) and returns logits (batch, length, DEC_VOCAB).
+        digits: Encoder tokens (n, max_digits), as `encode` makes them.
+        length: Decoder steps (max_digits + 1).
+        batch_size: Numbers decoded together.
 
     Returns:
         int32 array (n, length): the words and END as written (after END: anything).
     """
     import numpy as np
     import tensorflow as tf
-
-    length = int(model.inputs[1].shape[1])
 
     @tf.function
     def decode(batch):
@@ -315,6 +323,6 @@ def greedy_decode(model, digits, batch_size: int = 500):
 def evaluate(model, cfg):
     """metrics.json's `exact_match`: greedy decoding of every held-out number."""
     digits, _, words_out = arrays(cfg, "test")
-    predicted = greedy_decode(model, digits)
+    predicted = greedy_decode(model, digits, cfg["max_digits"] + 1)
     return {"exact_match": exact_match(predicted, words_out),
             "exact_match_examples": len(digits)}

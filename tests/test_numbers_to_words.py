@@ -160,7 +160,7 @@ def test_mixed_precision_keeps_logits_in_float32():
 def test_greedy_decode_feeds_back_its_own_argmax():
     model = ntw.build_model(TINY)
     digits, _, _ = ntw.encode([7, 42, 305], 3)
-    got = ntw.greedy_decode(model, digits, batch_size=2)
+    got = ntw.greedy_decode(model, digits, 4, batch_size=2)
     assert got.shape == (3, 4) and got.dtype == np.int32
     # Step by step by hand: each position's argmax given the tokens before it.
     words_in = np.full((3, 4), ntw.PAD, np.int32)
