@@ -101,7 +101,10 @@ OPTIONS: dict[str, Option] = {
     # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
     "status_file": Option("", "the chief writes its exit status here (atomically) before "
                           "exiting"),
-    "microbatches": Option(1, "micro-batches per batch (GPipe)", ge=1),
+    "microbatches": Option(1, "micro-batches per batch (pipeline)", ge=1),
+    "schedule": Option("gpipe", "pipeline schedule: gpipe (all forwards, then all backwards) "
+                       "or 1f1b (at most P micro-batches' activations per stage)",
+                       choices=("gpipe", "1f1b")),
     "placement": Option("", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
                         "an even split over --devices)"),
     # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).

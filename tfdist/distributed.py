@@ -155,7 +155,8 @@ class Distributed:
 
 def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | None = None,
           collective: str = "auto", timeout_s: float | None = 300.0,
-          microbatches: int = 1, placement: str = "", grad_compression: str = "none",
+          microbatches: int = 1, schedule: str = "gpipe", placement: str = "",
+          grad_compression: str = "none",
           tf_logs: bool = False) -> Distributed:
     """Finds the cluster, starts TensorFlow quietly and builds the strategy.
 
@@ -171,6 +172,7 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
         collective: MWMS collectives: "auto", "ring" or "nccl".
         timeout_s: Collective timeout, so a dead peer ends the job.
         microbatches: pipeline: micro-batches per batch.
+        schedule: pipeline: "gpipe" or "1f1b".
         placement: model_parallel, pipeline: "a,b=/cpu:0;c=/cpu:1" layer groups
             on devices; empty for an even split over `devices`.
         grad_compression: "none", "fp16" or "bf16": gradients cast for the
@@ -199,6 +201,7 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
                       else None, intra_op_threads=threads)
     options = strategies.StrategyOptions(devices=devices, collective=collective,
                                          timeout_s=timeout_s, microbatches=microbatches,
+                                         schedule=schedule,
                                          placement=placement,
                                          grad_compression=grad_compression)
     adapter, built = strategies.build(strategy, info, options, gpu_count())

@@ -70,7 +70,7 @@ def test_model_keras_loads_unsplit_with_the_trained_weights(runs):
                          "m.get_weights()]))", path], timeout=120)
     assert proc.returncode == 0, tail(proc)
     kind, total = proc.stdout.split()[-2:]
-    assert kind == "Sequential"
+    assert kind == "Functional"  # the recipe's own kind of model, unsplit
     assert float(total) == pytest.approx(sum(float(np.abs(w).sum()) for w in weights), rel=1e-6)
 
 
@@ -121,7 +121,7 @@ def compile_kwargs(cfg):
 
     return {"loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
 '''
-# A residual branch: not a chain of layers, so refused before the first step.
+# A residual branch: cut where one tensor crosses, before the Add's block or after it.
 RESIDUAL = EMBED_CHAIN.replace('''    return keras.Sequential([keras.Input((8,), dtype="int32"),
                              keras.layers.Embedding(20, 8, name="embed"),
                              keras.layers.GlobalAveragePooling1D(name="pool"),
@@ -133,7 +133,7 @@ RESIDUAL = EMBED_CHAIN.replace('''    return keras.Sequential([keras.Input((8,),
     return keras.Model(x, keras.layers.Dense(3, name="out")(h))''')
 
 
-def test_weightless_layers_go_with_their_neighbours_and_bad_models_are_one_line(tmp_path):
+def test_weightless_layers_go_with_neighbours_residuals_stay_whole_bad_splits_one_line(tmp_path):
     chain, residual = tmp_path / "embed_chain.py", tmp_path / "residual.py"
     chain.write_text(EMBED_CHAIN)
     residual.write_text(RESIDUAL)
@@ -147,10 +147,18 @@ def test_weightless_layers_go_with_their_neighbours_and_bad_models_are_one_line(
     assert "WARNING" not in proc.stderr, proc.stderr  # no gradient asked of integer tokens
     proc = run_py(["-m", "tfdist.train", str(residual), "--strategy", "model_parallel",
                    "--devices", "2", "--model-dir", str(tmp_path / "r")], timeout=120)
+    assert proc.returncode == 0, tail(proc)  # the residual block stays whole on one stage
+    rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
+            if line.split() and line.split()[0] in ("pool", "d1", "res", "out")}
+    assert rows == {"pool": "CPU:0", "d1": "CPU:0", "res": "CPU:0", "out": "CPU:1"}, rows
+    # More stages than places to cut: one line before the first step, exit 2.
+    proc = run_py(["-m", "tfdist.train", str(residual), "--strategy", "model_parallel",
+                   "--devices", "4", "--model-dir", str(tmp_path / "r4")], timeout=120)
     assert proc.returncode == 2, tail(proc)
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "Layer 'res'" in errors[0] and "chain of layers" in errors[0], errors
+    assert "Cannot split model into 4 stages" in errors[0] and "--devices" in errors[0], errors
+    assert not (tmp_path / "r4" / "model.keras").exists()
 
 
 def test_one_process_strategy_under_the_launcher_is_refused_by_every_worker(tmp_path):

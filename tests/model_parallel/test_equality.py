@@ -37,10 +37,10 @@ def _group(arrays, prefix):
     return [arrays[k] for k in keys]
 
 
-@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("m", ["pipeline1", "pipeline4", "pipeline8", "onefoneb4"])
 def test_pipeline_equals_unsplit(worker, m):
     arrays, _ = worker
-    unsplit, split, init = (_group(arrays, p) for p in ("unsplit", f"pipeline{m}", "init"))
+    unsplit, split, init = (_group(arrays, p) for p in ("unsplit", m, "init"))
     assert len(split) == len(unsplit) == 8
     for a, b in zip(split, unsplit):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
@@ -88,7 +88,7 @@ def test_forward_and_backward_matmuls_run_on_the_stage_device(worker):
 
 def test_split_model_saves_plain_reloads_unsplit_and_splits_back(worker):
     _, report = worker
-    assert report["reloaded_class"] == "Sequential" and report["reloaded_equal"]
+    assert report["reloaded_class"] == "Functional" and report["reloaded_equal"]
     assert report["resplit_equal"]
     # Split again in the other order: the same weights now live on the other devices.
     assert report["resplit_variables"]["d0/kernel"].endswith("CPU:1")

@@ -95,6 +95,7 @@ def main(argv=None):
     parser.add_argument("out_dir")
     parser.add_argument("--devices", type=int, default=None)
     parser.add_argument("--microbatches", type=int, default=1)
+    parser.add_argument("--schedule", default="gpipe")
     parser.add_argument("--models", default="dense,attention")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--variants", default="")
@@ -104,7 +105,7 @@ def main(argv=None):
     import tfdist
 
     dist = tfdist.setup(args.strategy, devices=args.devices, threads=1,
-                        microbatches=args.microbatches)
+                        microbatches=args.microbatches, schedule=args.schedule)
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()

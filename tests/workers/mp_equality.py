@@ -4,7 +4,7 @@
 
 Trains the same chain MLP (same seed, same init, SGD, deterministic ops)
 unsplit on the default device, as pipelines with M = 1, 4, 8 over CPU:0 and
-CPU:1, and a tensor-parallel MLP block against its unsplit Dense pair. Writes
+CPU:1 (GPipe, and 1F1B at M = 4), and a tensor-parallel MLP block against its unsplit Dense pair. Writes
 OUT_DIR/weights.npz and OUT_DIR/report.json (variable devices, the device of
 every MatMul in a traced train step, save/reload checks) for the tests.
 """
@@ -56,6 +56,9 @@ def main():
         split = fit(pipeline.split(chain(), DEVICES, microbatches=m))
         for i, w in enumerate(split.get_weights()):
             arrays[f"pipeline{m}_{i}"] = w
+    for i, w in enumerate(fit(pipeline.split(chain(), DEVICES, microbatches=4,
+                                             schedule="1f1b")).get_weights()):
+        arrays[f"onefoneb4_{i}"] = w
     for i, w in enumerate(init):
         arrays[f"init_{i}"] = w
 

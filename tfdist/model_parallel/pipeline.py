@@ -1,14 +1,19 @@
-"""Pipeline parallelism: stages on devices, GPipe micro-batches, one update per batch.
+"""Pipeline parallelism: a model cut into stages on devices, fed with micro-batches.
 
-`PipelineModel` is a Keras model made of stages (lists of layers placed on one
-device each). Its `train_step` splits each batch into M equal micro-batches,
-runs every micro-batch forward through the stages, then backward in reverse,
-each stage's forward and backward ops under its own device, and applies the
-gradients summed over micro-batches once. Inside one `tf.function` the
-micro-batches are independent dataflow, so stage s can work on micro-batch
-i + 1 while stage s + 1 works on micro-batch i: that is the GPipe schedule,
-with its (p - 1) / (m + p - 1) bubble. With M = 1 it is naive model
-parallelism (one stage busy at a time).
+`split` cuts a functional (or Sequential) Keras model between layer calls
+(`tfdist.model_parallel.graph`): evenly in layers with weights at the cuts
+that cross the fewest tensors (between the blocks of a Transformer, residuals
+and all; the encoder output crossing into each decoder stage), or where
+`--placement` says. Layers without weights stay with the layer before them.
+
+`PipelineModel` trains the stages: its `train_step` splits each batch into M
+equal micro-batches and runs a schedule (`tfdist.model_parallel.schedules`:
+GPipe or 1F1B), a list of forward and backward actions per stage, each under
+its stage's device with a tape of its own (`output_gradients` carry the
+gradient back across a cut), each stage's actions in the schedule's order
+(control dependencies). Gradients are summed over micro-batches in
+micro-batch order, whatever the schedule, and applied once per batch. With
+M = 1 it is naive model parallelism (one stage busy at a time).
 
 Equality with unsplit training: the loss of a batch is the mean of the equal
 micro-batches' mean losses, so each micro-batch's loss is scaled by 1/M and
@@ -19,108 +24,10 @@ from __future__ import annotations
 
 import functools
 
+from tfdist.errors import ConfigError
+from tfdist.model_parallel import graph as graph_lib
 from tfdist.model_parallel import placement as placement_lib
-from tfdist.model_parallel import plan
-
-
-@functools.lru_cache(maxsize=None)
-def _model_class():
-    import keras
-    import tensorflow as tf
-
-    class PipelineModel(keras.Model):
-        """Stages of placed layers trained with a GPipe schedule.
-
-        Args:
-            stages: [(device, [layers])] in order; layers already placed and built
-                (see `split`).
-            microbatches: Micro-batches per batch (M); the batch must divide by it.
-        """
-
-        def __init__(self, stages, microbatches=1, input_shape=None, **kwargs):
-            super().__init__(**kwargs)
-            plan.microbatch_size(int(microbatches), 1)  # validates microbatches >= 1
-            self.microbatches = int(microbatches)
-            self.stage_devices = [d for d, _ in stages]
-            # A flat list tracks the layers (and orders the weights as the unsplit model does).
-            self.pipeline_layers = [layer for _, layers in stages for layer in layers]
-            self.stage_sizes = [len(layers) for _, layers in stages]
-            self.pipeline_input_shape = tuple(input_shape)
-            self.built = True
-
-        def stage(self, s):
-            """The layers of stage `s`."""
-            start = sum(self.stage_sizes[:s])
-            return self.pipeline_layers[start:start + self.stage_sizes[s]]
-
-        def run_stage(self, s, h, training=None):
-            """Stage `s` forward on its device."""
-            with tf.device(self.stage_devices[s]):
-                for layer in self.stage(s):
-                    h = layer(h, training=training)
-            return h
-
-        def call(self, x, training=None):
-            for s in range(len(self.stage_sizes)):
-                x = self.run_stage(s, x, training=training)
-            return x
-
-        def train_step(self, data):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            m, p = self.microbatches, len(self.stage_sizes)
-            xs, ys = tf.split(x, m), tf.split(y, m)
-            sws = tf.split(sample_weight, m) if sample_weight is not None else [None] * m
-            variables = [[v for layer in self.stage(s) for v in layer.trainable_weights]
-                         for s in range(p)]
-            # Forward: every micro-batch through every stage, one tape per (micro-batch, stage).
-            tapes = [[None] * p for _ in range(m)]
-            ins = [[None] * p for _ in range(m)]
-            outs = [[None] * p for _ in range(m)]
-            losses, preds = [None] * m, [None] * m
-            for i in range(m):
-                h = xs[i]
-                for s in range(p):
-                    with tf.device(self.stage_devices[s]), tf.GradientTape() as tape:
-                        if s > 0:  # the model's input (maybe integer tokens) needs no gradient
-                            tape.watch(h)
-                        out = self.run_stage(s, h, training=True)
-                        if s == p - 1:
-                            losses[i] = self._compute_loss(x=xs[i], y=ys[i], y_pred=out,
-                                                           sample_weight=sws[i], training=True)
-                            out_target = losses[i] / m  # mean of equal micro-batch means
-                            preds[i] = out
-                    tapes[i][s], ins[i][s] = tape, h
-                    outs[i][s] = out_target if s == p - 1 else out
-                    h = out
-            # Backward: stages in reverse, each on its device; gradients summed over micro-batches.
-            grads = [None] * p
-            for i in range(m):
-                upstream = None
-                for s in reversed(range(p)):
-                    with tf.device(self.stage_devices[s]):
-                        sources = variables[s] if s == 0 else [ins[i][s], *variables[s]]
-                        g = tapes[i][s].gradient(outs[i][s], sources, output_gradients=upstream)
-                        if s > 0:
-                            upstream, g = g[0], g[1:]
-                        grads[s] = list(g) if grads[s] is None else [
-                            _add(a, b) for a, b in zip(grads[s], g)]
-            self.optimizer.apply([g for gs in grads for g in gs],
-                                 [v for vs in variables for v in vs])
-            with tf.device(self.stage_devices[-1]):
-                y_pred = tf.concat(preds, axis=0)
-            self._loss_tracker.update_state(tf.add_n(losses) / m, sample_weight=tf.shape(x)[0])
-            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-        def save(self, filepath, *args, **kwargs):
-            """Saves the stages' layers as one plain `keras.Sequential` (loads without tfdist)."""
-            return self.unsplit().save(filepath, *args, **kwargs)
-
-        def unsplit(self):
-            """A plain Sequential model sharing these layers and variables."""
-            return keras.Sequential([keras.Input(shape=self.pipeline_input_shape[1:]),
-                                     *self.pipeline_layers], name=self.name)
-
-    return PipelineModel
+from tfdist.model_parallel import plan, schedules
 
 
 def _add(a, b):
@@ -135,29 +42,244 @@ def _add(a, b):
     return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
-def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1):
-    """Splits a chain model into placed stages trained with micro-batches.
+def _dense(t):
+    """A tensor a control dependency can name (an IndexedSlices' values)."""
+    return getattr(t, "values", t)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_class():
+    import keras
+    import tensorflow as tf
+    from keras import tree
+
+    class PipelineModel(keras.Model):
+        """A placed copy of a model, cut into stages, trained with a pipeline schedule.
+
+        Args:
+            inner: The placed copy (`placement.placed_clone`), a plain Keras model.
+            stage_of: layer name -> stage index.
+            stage_devices: The device of each stage.
+            microbatches: Micro-batches per batch (M); the batch must divide by it.
+            schedule: "gpipe" or "1f1b".
+        """
+
+        def __init__(self, inner, stage_of, stage_devices, microbatches=1, schedule="gpipe",
+                     **kwargs):
+            super().__init__(**kwargs)
+            plan.microbatch_size(int(microbatches), 1)  # validates microbatches >= 1
+            self.inner = inner
+            self.microbatches = int(microbatches)
+            self.schedule_name = schedule
+            self.stage_devices = list(stage_devices)
+            self._graph = graph_lib.from_keras(inner)
+            self._nodes = graph_lib.keras_nodes(inner)
+            cuts = _cuts(self._graph, stage_of)
+            self._bounds = [0, *cuts, len(self._nodes)]
+            p = len(self.stage_devices)
+            self.schedule = schedules.build(schedule, p, self.microbatches)
+            layers = {layer.name: layer for layer in inner.layers}
+            self.stage_layers = [
+                list(dict.fromkeys(layers[n.layer] for n in self._graph.nodes[a:b]))
+                for a, b in zip(self._bounds, self._bounds[1:])]
+            self.pipeline_layers = [layer for stage in self.stage_layers for layer in stage]
+            self.stage_sizes = [len(stage) for stage in self.stage_layers]
+            ids = {id(v) for v in inner.trainable_variables}
+            self._stage_variables = [
+                [v for layer in stage for v in layer.trainable_weights if id(v) in ids]
+                for stage in self.stage_layers]
+            self.built = True
+
+        def stage(self, s):
+            """The layers of stage `s`."""
+            return self.stage_layers[s]
+
+        def crossing(self, s):
+            """Ids of the tensors stage `s` takes (the tensors crossing its first cut)."""
+            return self._graph.crossing(self._bounds[s])
+
+        def run_stage(self, s, values, training=None):
+            """Stage `s` forward on its device: its input tensors -> its output tensors.
+
+            `values` is a list aligned with `crossing(s)`, or a single tensor
+            when exactly one tensor crosses; so is the result.
+            """
+            single = not isinstance(values, (list, tuple))
+            values = [values] if single else list(values)
+            known = dict(zip(self.crossing(s), values))
+            a, b = self._bounds[s], self._bounds[s + 1]
+            with tf.device(self.stage_devices[s]):
+                for node in self._nodes[a:b]:
+                    args, kwargs = node.arguments.fill_in(known)
+                    layer = node.operation
+                    if training is not None and "training" in getattr(
+                            layer, "_call_context_args", {}):
+                        kwargs["training"] = training
+                    out = layer(*args, **kwargs)
+                    for ref, value in zip(node.outputs, tree.flatten(out)):
+                        known[id(ref)] = value
+            out_ids = (self._graph.crossing(b) if s + 1 < len(self.stage_devices)
+                       else list(self._graph.outputs))
+            result = [known[i] for i in out_ids]
+            return result[0] if single and len(result) == 1 else result
+
+        def _inputs(self, x):
+            """The model's input tensors as a list in `inner.inputs` order (dicts by name)."""
+            if isinstance(x, dict):
+                return [x[t.name] for t in self.inner.inputs]
+            return tree.flatten(x)
+
+        def _pack(self, values):
+            """Output tensors in the structure the unsplit model returns."""
+            structure = getattr(self.inner, "_outputs_struct", self.inner.outputs)
+            return tree.pack_sequence_as(structure, list(values))
+
+        def call(self, x, training=None):
+            values = self._inputs(x)
+            for s in range(len(self.stage_devices)):
+                values = self.run_stage(s, list(values), training=training)
+            return self._pack(values)
+
+        def train_step(self, data):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            m, p = self.microbatches, len(self.stage_devices)
+            split = lambda t: tf.split(t, m) if t is not None else [None] * m  # noqa: E731
+            flat = [split(t) for t in self._inputs(x)]
+            xs = [[parts[i] for parts in flat] for i in range(m)]
+            ys = [tree.map_structure(lambda t, i=i: split(t)[i], y) for i in range(m)]
+            sws = [None] * m if sample_weight is None else [
+                tree.map_structure(lambda t, i=i: split(t)[i], sample_weight) for i in range(m)]
+            tapes, ins, outs, targets = {}, {}, {}, {}
+            upstream, grads = {}, {}
+            losses, preds = [None] * m, [None] * m
+            last = [[] for _ in range(p)]  # each stage's previous action, to keep the order
+            for s, kind, i in schedules.order(self.schedule):
+                with tf.device(self.stage_devices[s]), tf.control_dependencies(last[s]):
+                    if kind == "F":
+                        h = xs[i] if s == 0 else outs[(i, s - 1)]
+                        with tf.GradientTape() as tape:
+                            if s > 0:  # the model's own inputs (maybe tokens) need no gradient
+                                tape.watch([t for t in h if t.dtype.is_floating])
+                            out = self.run_stage(s, list(h), training=True)
+                            if s == p - 1:
+                                pred = self._pack(out)
+                                losses[i] = self._compute_loss(
+                                    x=xs[i], y=ys[i], y_pred=pred, sample_weight=sws[i],
+                                    training=True)
+                                preds[i] = pred
+                                # Mean of equal micro-batch means; scaled under mixed_float16.
+                                targets[(i, s)] = [self.optimizer.scale_loss(losses[i] / m)]
+                        tapes[(i, s)], ins[(i, s)], outs[(i, s)] = tape, h, out
+                        last[s] = [t for t in tree.flatten(out)]
+                    else:
+                        grads[(i, s)], upstream[(i, s - 1)] = self._backward(
+                            s, tapes.pop((i, s)), ins.pop((i, s)),
+                            targets.pop((i, s), None) or outs[(i, s)],
+                            upstream.pop((i, s), None))
+                        last[s] = [_dense(g) for g in grads[(i, s)] if g is not None]
+            gradients, variables = [], []
+            for s in range(p):
+                for k, v in enumerate(self._stage_variables[s]):
+                    total = None
+                    for i in range(m):  # micro-batch order, whatever the schedule
+                        total = _add(total, grads[(i, s)][k])
+                    gradients.append(total)
+                    variables.append(v)
+            order = {id(v): n for n, v in enumerate(self.inner.trainable_variables)}
+            pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
+            self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+            with tf.device(self.stage_devices[-1]):
+                y_pred = tree.map_structure(lambda *t: tf.concat(t, axis=0), *preds)
+            self._loss_tracker.update_state(tf.add_n(losses) / m,
+                                            sample_weight=tf.shape(self._inputs(x)[0])[0])
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        def _backward(self, s, tape, inputs, targets, upstream):
+            """Stage `s`'s backward: (its variables' gradients, its inputs' gradients)."""
+            if s == len(self.stage_devices) - 1:
+                targets, given = targets, None
+            else:  # only the outputs a later stage sent a gradient back for
+                kept = [(t, g) for t, g in zip(targets, upstream or []) if g is not None]
+                targets, given = [t for t, _ in kept], [g for _, g in kept]
+            floating = [t for t in inputs if t.dtype.is_floating] if s > 0 else []
+            variables = self._stage_variables[s]
+            if not targets:
+                return [None] * len(variables), [None] * len(inputs)
+            g = tape.gradient(targets, [*floating, *variables], output_gradients=given)
+            into, rest = iter(g[:len(floating)]), g[len(floating):]
+            into_inputs = [next(into) if (s > 0 and t.dtype.is_floating) else None
+                           for t in inputs]
+            return list(rest), into_inputs
+
+        def save(self, filepath, *args, **kwargs):
+            """Saves the plain model, unsplit (it loads without tfdist)."""
+            return self.inner.save(filepath, *args, **kwargs)
+
+        def unsplit(self):
+            """The plain Keras model sharing these layers and variables."""
+            return self.inner
+
+    return PipelineModel
+
+
+def _cuts(graph, stage_of: dict[str, int]) -> list[int]:
+    """The node positions where the stage changes (stages in model order)."""
+    cuts, current = [], 0
+    for k, node in enumerate(graph.nodes):
+        s = stage_of[node.layer]
+        if s < current:
+            raise ConfigError(f"Layer {node.layer!r} would run on an earlier stage than a layer "
+                              "it reads from. Name the stages in model order.")
+        while current < s:
+            cuts.append(k)
+            current += 1
+    return cuts
+
+
+def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1,
+          schedule: str = "gpipe"):
+    """Cuts a model into placed stages trained with micro-batches.
 
     Args:
-        model: A built Keras model whose layers form a chain (Sequential, or a
-            functional model where each layer feeds the next).
-        devices: Devices for an even split of the layers (one stage each).
+        model: A built functional or Sequential Keras model.
+        devices: Devices for an even split (one stage each) at the cuts that
+            cross the fewest tensors.
         placement: Instead of `devices`, "a,b=/cpu:0;c=/cpu:1": contiguous
             layer groups in model order, one stage per group. Layers without
-            weights go with their neighbours in both cases.
+            weights go with the layer before them in both cases.
         microbatches: M, micro-batches per batch; M = 1 is naive model parallelism.
+        schedule: "gpipe" or "1f1b".
 
     Returns:
         A `PipelineModel` (uncompiled) starting from `model`'s weights.
 
     Raises:
-        ConfigError: for a non-chain model, a bad placement, a missing device.
+        ConfigError: for a model that cannot be cut, a bad placement, a missing device.
     """
-    layers = placement_lib.chain_layers(model)
-    groups = placement_lib.assign([layer.name for layer in layers], devices, placement,
-                                  placement_lib.weightless_names(layers))
-    stages = placement_lib.placed_stages(model, groups)
-    return _model_class()(stages, microbatches, input_shape=model.inputs[0].shape,
+    schedules.build(schedule, 1, 1)  # the name, before any work
+    graph = graph_lib.from_keras(model)
+    if placement:
+        groups = plan.parse_placement(placement)
+        cuts = graph_lib.stages_from_groups(graph, [names for _, names in groups])
+        stage_devices = [device for device, _ in groups]
+    else:
+        if not devices:
+            raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) "
+                              "or --placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
+        cuts = graph_lib.balanced_cuts(graph, len(devices))
+        stage_devices = list(devices)
+    bounds = [0, *cuts, len(graph.nodes)]
+    stage_of = {}
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        for node in graph.nodes[a:b]:
+            if stage_of.setdefault(node.layer, s) != s:
+                raise ConfigError(
+                    f"Layer {node.layer!r} is called in stage {stage_of[node.layer]} and stage "
+                    f"{s}; a shared layer's weights live on one device. Keep its calls in one "
+                    "stage (--placement), or use a data-parallel strategy.")
+    inner = placement_lib.placed_clone(
+        model, {name: stage_devices[s] for name, s in stage_of.items()})
+    return _model_class()(inner, stage_of, stage_devices, microbatches, schedule,
                           name=model.name)
 
 

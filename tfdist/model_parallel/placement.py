@@ -38,33 +38,6 @@ def check_devices(devices: list[str]) -> list[str]:
     return devices
 
 
-def chain_layers(model) -> list:
-    """The layers of a model that is a single chain (each layer feeds only the next).
-
-    Raises:
-        ConfigError: for a model with branches, several inputs or shared layers.
-    """
-    import keras
-
-    layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
-    if isinstance(model, keras.Sequential):
-        return layers
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise ConfigError(f"Splitting into stages needs one input and one output. Received model "
-                          f"{model.name!r} with {len(model.inputs)} inputs and "
-                          f"{len(model.outputs)} outputs.")
-    previous = model.inputs[0]
-    for layer in layers:
-        nodes = layer._inbound_nodes
-        if len(nodes) != 1 or len(nodes[0].input_tensors) != 1 or \
-                nodes[0].input_tensors[0] is not previous:
-            raise ConfigError(f"Splitting into stages needs a chain of layers, each feeding the "
-                              f"next. Layer {layer.name!r} of model {model.name!r} does not take "
-                              f"exactly the previous layer's output.")
-        previous = nodes[0].output_tensors[0]
-    return layers
-
-
 def assign(layer_names: list[str], devices: list[str] | None = None,
            placement: str = "", weightless: set[str] = frozenset()) -> list[tuple[str, list[str]]]:
     """Groups of (device, layer names) from a --placement spec or an even split over devices.
@@ -88,36 +61,41 @@ def weightless_names(layers) -> set[str]:
     return {layer.name for layer in layers if not layer.weights}
 
 
-def placed_stages(model, groups: list[tuple[str, list[str]]]) -> list[tuple[str, list]]:
-    """Fresh copies of a chain model's layers, built on their devices, with its weights.
-
-    Copies come from each layer's config, are placed with `place_layer` (variables
-    and compute), built by calling them on the model's input spec, and given the
-    original's weights, so a split model starts exactly where the unsplit one does.
-
-    Returns:
-        [(device, [placed layers])] in stage order.
-    """
-    import keras
-
-    check_devices([d for d, _ in groups])
-    originals = {l.name: l for l in chain_layers(model)}
-    for layer in originals.values():
+def check_regularizers(model) -> None:
+    """ConfigError naming a layer with a regularizer (the stage-wise backward drops model losses)."""
+    for layer in model.layers:
         if any(getattr(layer, a, None) is not None
                for a in ("kernel_regularizer", "bias_regularizer", "activity_regularizer")):
             raise ConfigError(f"Layer {layer.name!r} has a regularizer; tfdist's stage-wise "
-                              f"backward pass does not carry model losses. Remove it.")
-    h = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype)
-    stages = []
-    for device, names in groups:
-        placed = []
-        for name in names:
-            new = _placed_copy(originals[name], device)
-            h = new(h)
-            new.set_weights(originals[name].get_weights())
-            placed.append(new)
-        stages.append((device, placed))
-    return stages
+                              f"backward pass does not carry model losses. Remove it, or use a "
+                              "data-parallel strategy.")
+
+
+def placed_clone(model, device_of: dict[str, str]):
+    """A copy of `model` whose every layer is a fresh copy built on its device, with its weights.
+
+    Copies come from each layer's config, are placed with `place_layer`
+    (variables and compute), built as `keras.models.clone_model` rewires the
+    graph, and given the original's weights, so a split model starts exactly
+    where the unsplit one does, and saves as a plain Keras model.
+
+    Args:
+        model: A built functional or Sequential Keras model.
+        device_of: layer name -> device.
+    """
+    import keras
+
+    check_devices(sorted(set(device_of.values())))
+    check_regularizers(model)
+
+    def copy(layer):
+        if isinstance(layer, keras.layers.InputLayer):
+            return layer.__class__.from_config(layer.get_config())
+        return _placed_copy(layer, device_of[layer.name])
+
+    clone = keras.models.clone_model(model, clone_function=copy)
+    clone.set_weights(model.get_weights())
+    return clone
 
 
 def _placed_copy(layer, device: str):

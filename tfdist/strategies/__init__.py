@@ -33,6 +33,7 @@ class StrategyOptions:
         collective: MWMS collective implementation: "auto", "ring", "nccl".
         timeout_s: Collective timeout in seconds, so a dead peer ends the job.
         microbatches: Micro-batches per batch (pipeline).
+        schedule: The pipeline schedule, "gpipe" or "1f1b".
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
         ps_shards: parameter_server: split large variables into up to this many
@@ -48,6 +49,7 @@ class StrategyOptions:
     collective: str = "auto"
     timeout_s: float | None = 60.0  # as config.DEFAULTS["collective_timeout_s"]
     microbatches: int = 1
+    schedule: str = "gpipe"
     placement: str = ""
 
     ps_shards: int = 0
@@ -60,7 +62,7 @@ class StrategyOptions:
 OPTION_FIELDS: dict[str, str] = {
     "devices": "devices", "collective": "collective", "collective_timeout_s": "timeout_s",
     "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
-    "microbatches": "microbatches", "placement": "placement", "ps_shards": "ps_shards",
+    "microbatches": "microbatches", "schedule": "schedule", "placement": "placement", "ps_shards": "ps_shards",
     "min_shard_bytes": "min_shard_bytes"}
 
 

@@ -27,13 +27,14 @@ def build(cluster, options):
     return tf.distribute.get_strategy()
 
 
-def transform_model(model, options, microbatches: int = 1):
+def transform_model(model, options, microbatches: int = 1, schedule: str = "gpipe"):
     """Splits `model` into placed stages and prints the placement table.
 
     Args:
-        model: The recipe's built (uncompiled) Keras model, a chain of layers.
+        model: The recipe's built (uncompiled) functional or Sequential Keras model.
         options: StrategyOptions (devices, placement).
         microbatches: Micro-batches per batch (1: naive model parallelism).
+        schedule: The pipeline schedule ("gpipe" or "1f1b").
 
     Returns:
         A `tfdist.model_parallel.pipeline` PipelineModel with `model`'s weights.
@@ -42,7 +43,7 @@ def transform_model(model, options, microbatches: int = 1):
     from tfdist.strategies.devices import local_devices
 
     devices = None if options.placement else local_devices(options.devices)
-    split = pipeline.split(model, devices, options.placement, microbatches)
+    split = pipeline.split(model, devices, options.placement, microbatches, schedule)
     table = plan.format_placement(placement.placement_rows(split.pipeline_layers))
     print(f"tfdist: placement of {model.name!r} over {len(split.stage_devices)} stage(s), "
           f"{microbatches} micro-batch(es) per batch\n{table}", flush=True)

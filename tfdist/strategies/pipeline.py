@@ -1,4 +1,4 @@
-"""`pipeline`: model-parallel stages fed with micro-batches (GPipe schedule).
+"""`pipeline`: model-parallel stages fed with micro-batches (GPipe or 1F1B schedule).
 
 Like `model_parallel`, with each batch split into `--microbatches M` equal
 micro-batches that flow through the stages so that devices overlap; gradients
@@ -21,10 +21,11 @@ def transform_model(model, options):
     """Splits `model` into stages trained with `options.microbatches` micro-batches."""
     from tfdist.model_parallel import plan
 
-    split = model_parallel.transform_model(model, options, options.microbatches)
+    split = model_parallel.transform_model(model, options, options.microbatches,
+                                           options.schedule)
     p = len(split.stage_devices)
-    print(f"tfdist: pipeline p={p} m={options.microbatches} theoretical bubble "
-          f"{plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
+    print(f"tfdist: pipeline p={p} m={options.microbatches} schedule={options.schedule} "
+          f"theoretical bubble {plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
     return split
 
 
@@ -33,7 +34,7 @@ class Pipeline(model_parallel.ModelParallel):
     """Model-parallel stages fed with micro-batches."""
 
     name = "pipeline"
-    accepts = ("devices", "placement", "microbatches")
+    accepts = ("devices", "placement", "microbatches", "schedule")
 
     def hooks(self):
         return model_parallel.ModelParallelHooks(self.options, transform_model)

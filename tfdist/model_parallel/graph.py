@@ -1,0 +1,224 @@
+"""Where a model can be cut into pipeline stages: its layer calls in order, and what crosses.
+
+A functional Keras model is a graph of layer calls (nodes). Taken in an order
+that respects the data flow, cutting it between two nodes splits it into a
+front and a back; the tensors that *cross* the cut are those the front makes
+(or the model takes as input) and the back still reads (or returns). A stage
+is then a contiguous run of nodes: it takes the tensors crossing its first
+cut and hands on those crossing its last one. Any cut trains correctly; the
+good ones cross least. In a stack of blocks with residual connections that
+is between blocks (a residual crossing too only inside a block); in an
+encoder-decoder, the encoder output crosses every decoder cut, beside the
+decoder's own stream.
+
+The arithmetic here is pure Python on `Node` tuples, tested without
+TensorFlow; `from_keras` reads them off a built Keras model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from tfdist.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One layer call of the model.
+
+    Attributes:
+        layer: The layer's name (a layer called twice has two nodes).
+        inputs: Ids of the tensors it reads.
+        outputs: Ids of the tensors it makes.
+        weighted: Whether the layer has weights.
+    """
+
+    layer: str
+    inputs: tuple
+    outputs: tuple
+    weighted: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """A model's nodes in an order that respects the data flow.
+
+    Attributes:
+        nodes: The layer calls.
+        inputs: Ids of the model's input tensors.
+        outputs: Ids of the model's output tensors.
+    """
+
+    nodes: tuple
+    inputs: tuple
+    outputs: tuple
+
+    def crossing(self, k: int) -> list:
+        """Ids of the tensors crossing a cut before node `k` (0: the inputs; n: the outputs)."""
+        made = list(self.inputs) + [t for node in self.nodes[:k] for t in node.outputs]
+        needed = {t for node in self.nodes[k:] for t in node.inputs} | set(self.outputs)
+        seen, out = set(), []
+        for t in made:  # in the order they are made: the same on every process
+            if t in needed and t not in seen:
+                seen.add(t)
+                out.append(t)
+        return out
+
+    def layer_span(self) -> dict[str, tuple[int, int]]:
+        """layer name -> (first node, last node) of its calls."""
+        span: dict[str, tuple[int, int]] = {}
+        for i, node in enumerate(self.nodes):
+            first, _ = span.get(node.layer, (i, i))
+            span[node.layer] = (first, i)
+        return span
+
+    def candidate_cuts(self) -> list[int]:
+        """Cuts worth making: just before a layer with weights (a layer without
+        weights stays with the one before it), between two calls of no shared
+        layer, and not inside a block.
+
+        Inside a block more tensors cross than somewhere before it and
+        somewhere after it (a residual beside the branch); a cut with fewer
+        crossing tensors on one side at least is between blocks. Tensors that
+        cross every cut of a stretch (an encoder's output, a decoder's input
+        tokens) count everywhere alike, so they do not hide the blocks.
+        """
+        n = len(self.nodes)
+        counts = [len(self.crossing(k)) for k in range(n + 1)]
+        span = self.layer_span()
+        shared = [(a, b) for a, b in span.values() if b > a]
+        return [k for k in range(1, n) if self.nodes[k].weighted
+                and not any(a < k <= b for a, b in shared)
+                and not (min(counts[:k]) < counts[k] and min(counts[k + 1:]) < counts[k])]
+
+    def weighted_count(self, start: int, end: int) -> int:
+        """Layers with weights among nodes [start, end)."""
+        return sum(1 for node in self.nodes[start:end] if node.weighted)
+
+
+def balanced_cuts(graph: Graph, stages: int) -> list[int]:
+    """Pure function: `stages - 1` candidate cuts that spread the weighted layers evenly.
+
+    Minimises the largest stage (in layers with weights); among equal splits,
+    earlier stages take the remainder, as `plan.even_split` does.
+
+    Raises:
+        ConfigError: when the model has fewer places to cut than stages need.
+    """
+    if stages < 1:
+        raise ConfigError(f"Need at least one stage. Received: {stages}.")
+    cuts = graph.candidate_cuts()
+    if stages - 1 > len(cuts):
+        weighted = graph.weighted_count(0, len(graph.nodes))
+        raise ConfigError(
+            f"Cannot split model into {stages} stages: it has {len(cuts)} place(s) to cut "
+            f"between blocks ({weighted} layers with weights), so at most {len(cuts) + 1} "
+            f"stages. Use --devices {len(cuts) + 1} or fewer, or name the stages with "
+            "--placement.")
+    points = [0, *cuts, len(graph.nodes)]
+    last = len(points) - 1
+    # best[j]: the best split of nodes [0, points[j]) into s stages so far, as
+    # (largest stage, stage sizes negated, the cut indexes): min() picks the
+    # smallest largest stage, then the larger earlier stages.
+    best = {0: (0, (), ())}
+    for s in range(1, stages + 1):
+        row = {}
+        for j in (range(1, last + 1) if s < stages else (last,)):
+            options = []
+            for i, (worst, sizes, chosen) in best.items():
+                size = graph.weighted_count(points[i], points[j]) if i < j else 0
+                if size:
+                    options.append((max(worst, size), sizes + (-size,), chosen + (i,)))
+            if options:
+                row[j] = min(options)
+        best = row
+    if last not in best:
+        raise ConfigError(f"Cannot split the model into {stages} stages that each hold a "
+                          "layer with weights. Use fewer --devices.")
+    return [points[i] for i in best[last][2][1:]]
+
+
+def stages_from_groups(graph: Graph, groups: Sequence[Sequence[str]]) -> list[int]:
+    """Pure function: the cuts that `--placement` layer groups name (groups in model order).
+
+    Layers a group does not name go with the layer before them when they have
+    no weights; every layer with weights must be named.
+
+    Raises:
+        ConfigError: for a layer named out of order, unnamed, or unknown.
+    """
+    from tfdist.model_parallel import plan
+
+    layers = list(dict.fromkeys(node.layer for node in graph.nodes))
+    weightless = {node.layer for node in graph.nodes if not node.weighted}
+    full = plan.attach_weightless([(str(i), list(g)) for i, g in enumerate(groups)], layers,
+                                  weightless)
+    stage_of = {name: i for i, (_, names) in enumerate(full) for name in names}
+    cuts, current = [], 0
+    for k, node in enumerate(graph.nodes):
+        s = stage_of[node.layer]
+        if s < current:
+            raise ConfigError(f"--placement puts layer {node.layer!r} on an earlier stage than a "
+                              "layer it reads from. Name the stages in model order.")
+        while current < s:
+            cuts.append(k)
+            current += 1
+    return cuts
+
+
+def from_keras(model) -> Graph:
+    """The `Graph` of a built functional or Sequential Keras model (ids: `id()` of tensors).
+
+    Raises:
+        ConfigError: for a model that is not functional (a subclassed model).
+    """
+    functional = _functional(model)
+    nodes = [Node(node.operation.name, tuple(id(t) for t in node.input_tensors),
+                  tuple(id(t) for t in node.outputs), bool(node.operation.weights))
+             for node in keras_nodes(model)]
+    return Graph(tuple(nodes), tuple(id(t) for t in functional.inputs),
+                 tuple(id(t) for t in functional.outputs))
+
+
+def keras_nodes(model) -> list:
+    """The Keras `Node` objects of the model's layer calls, in `from_keras`'s order.
+
+    A data-flow order that follows one chain as far as it goes (the next node
+    is the ready one that reads the newest tensor), so an encoder's layers
+    all come before the decoder's instead of interleaving by depth, and cuts
+    fall between whole blocks. It depends only on the graph, so a copy of the
+    model (`clone_model`) gets the same order.
+    """
+    functional = _functional(model)
+    base = [node for depth in sorted(functional._nodes_by_depth, reverse=True)
+            for node in functional._nodes_by_depth[depth]
+            if node.operation is not None and not node.is_input]
+    made = {id(t): -1 for t in functional.inputs}  # tensor -> step it was made at
+    order, left = [], list(base)
+    while left:
+        ready = [n for n in left if all(id(t) in made for t in n.input_tensors)]
+        if not ready:  # pragma: no cover - Keras graphs are acyclic
+            raise ConfigError(f"Model {model.name!r} has layer calls that never become ready.")
+        newest = max(max((made[id(t)] for t in n.input_tensors), default=-1) for n in ready)
+        node = next(n for n in ready
+                    if max((made[id(t)] for t in n.input_tensors), default=-1) == newest)
+        left.remove(node)
+        for t in node.outputs:
+            made[id(t)] = len(order)
+        order.append(node)
+    return order
+
+
+def _functional(model):
+    """The functional graph behind `model` (a Sequential's own); ConfigError for others."""
+    import keras
+
+    if isinstance(model, keras.Sequential):
+        model = getattr(model, "_functional", None) or model
+    if not hasattr(model, "_nodes_by_depth") or not getattr(model, "inputs", None):
+        raise ConfigError(
+            f"Splitting a model into stages needs a functional (or Sequential) Keras model "
+            f"with an Input. Received {type(model).__name__} {model.name!r}. Build it with "
+            "keras.Input(...) and layer calls, or use a data-parallel strategy.")
+    return model
