@@ -107,6 +107,9 @@ OPTIONS: dict[str, Option] = {
                        choices=("gpipe", "1f1b")),
     "placement": Option("", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
                         "an even split over --devices)"),
+    "tensor_parallel": Option(1, "devices per stage (model_parallel, pipeline): attention "
+                              "split by heads, feed-forward Dense pairs by units; --devices "
+                              "must be P*N for P stages", ge=1),
     # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).
     "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "
                             "over these epochs", ge=0),

@@ -1,10 +1,14 @@
-"""Test worker: split vs unsplit training in one process with 2 logical CPUs.
+"""Test worker: split vs unsplit training in one process with 4 logical CPUs.
 
     python tests/workers/mp_equality.py OUT_DIR
 
 Trains the same chain MLP (same seed, same init, SGD, deterministic ops)
 unsplit on the default device, as pipelines with M = 1, 4, 8 over CPU:0 and
-CPU:1 (GPipe, and 1F1B at M = 4), and a tensor-parallel MLP block against its unsplit Dense pair. Writes
+CPU:1 (GPipe, and 1F1B at M = 4), and a tensor-parallel MLP block against its
+unsplit Dense pair. Then a small attention model (causal self-attention with
+biases, cross-attention without, a feed-forward Dense pair) trained with Adam
+unsplit, 2-way tensor parallel (one stage over CPU:0-1) and 2 stages x 2-way
+tensor parallel (CPU:0-1, CPU:2-3, 2 micro-batches). Writes
 OUT_DIR/weights.npz and OUT_DIR/report.json (variable devices, the device of
 every MatMul in a traced train step, save/reload checks) for the tests.
 """
@@ -22,7 +26,7 @@ def main():
     out_dir = sys.argv[1]
     from tfdist.strategies.devices import configure_runtime
 
-    configure_runtime(cpu_devices=2)
+    configure_runtime(cpu_devices=4)
     import keras
     import tensorflow as tf
 
@@ -103,9 +107,79 @@ def main():
     report["tp_reloaded_equal"] = all(np.array_equal(a, b) for a, b in zip(
         tp_loaded.layers[1].dense_weights(), block.dense_weights()))
 
+    tensor_parallel_checks(out_dir, arrays, report)
     np.savez(os.path.join(out_dir, "weights.npz"), **arrays)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
+
+
+def tensor_parallel_checks(out_dir, arrays, report):
+    """Attention and feed-forward, unsplit vs tensor-parallel (1 and 2 stages), under Adam."""
+    import keras
+    import tensorflow as tf
+
+    from tfdist.model_parallel import pipeline, placement
+    from tfdist.model_parallel import tensor_parallel as tp
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 6, 16)).astype("float32")
+    ctx = rng.normal(size=(64, 5, 12)).astype("float32")
+    y = rng.normal(size=(64, 6, 16)).astype("float32")
+
+    def attention_model():
+        keras.utils.set_random_seed(0)
+        inputs, context = keras.Input((6, 16), name="x"), keras.Input((5, 12), name="ctx")
+        h = keras.layers.LayerNormalization(name="norm")(inputs)
+        h = keras.layers.MultiHeadAttention(4, 4, name="self_attn")(h, h, use_causal_mask=True)
+        h = keras.layers.Add(name="self_add")([inputs, h])
+        a = keras.layers.MultiHeadAttention(4, 4, value_dim=3, use_bias=False,
+                                            name="cross_attn")(h, context)
+        h = keras.layers.Add(name="cross_add")([h, a])
+        f = keras.layers.Dense(32, activation="relu", name="ffn_in")(h)
+        f = keras.layers.Dense(16, name="ffn_out")(f)
+        out = keras.layers.Add(name="ffn_add")([h, f])
+        return keras.Model([inputs, context], keras.layers.Dense(16, name="head")(out),
+                           name="attention")
+
+    def fit(model):
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        model.fit((x, ctx), y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+        return model
+
+    plain = attention_model()
+    for v in plain.weights:
+        arrays[f"attn_init/{v.path}"] = v.numpy()
+    one = pipeline.split(attention_model(), DEVICES[:2], tensor_parallel=2)
+    two = pipeline.split(attention_model(), ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"],
+                         microbatches=2, tensor_parallel=2)
+    report["tp_forward_max_diff"] = max(
+        float(np.abs(plain((x, ctx)) - split((x, ctx))).max()) for split in (one, two))
+    report["tp_roles"] = tp.feed_forward_pairs(plain)
+    report["tp_layer_classes"] = {layer.name: type(layer).__name__ for layer in one.inner.layers}
+    # Where the shards' variables live, and where a traced step's matrix products run.
+    report["tp_shard_variables"] = {v.path: v.value.device for v in one.weights}
+    report["pptp_shard_variables"] = {v.path: v.value.device for v in two.weights}
+    report["pptp_table"] = placement.placement_rows(two.pipeline_layers)
+    fit(plain), fit(one), fit(two)
+    step = tf.function(one.train_step).get_concrete_function(
+        ((tf.TensorSpec((16, 6, 16), tf.float32), tf.TensorSpec((16, 5, 12), tf.float32)),
+         tf.TensorSpec((16, 6, 16), tf.float32)))
+    report["tp_product_devices"] = sorted({op.device[-5:] for op in step.graph.get_operations()
+                                           if op.type in ("MatMul", "BatchMatMulV2", "Einsum")})
+    for name, model in (("attn_plain", plain), ("attn_tp", tp.gather_model(one.inner)),
+                        ("attn_pptp", tp.gather_model(two.inner))):
+        for v in model.weights:
+            arrays[f"{name}/{v.path}"] = v.numpy()
+    # Saved gathered: plain Keras layers, the gathered weights, the unsplit outputs.
+    path = os.path.join(out_dir, "pptp.keras")
+    two.save(path)
+    loaded = keras.models.load_model(path)
+    gathered = tp.gather_model(two.inner)
+    report["tp_saved_classes"] = sorted({type(layer).__module__.split(".")[0]
+                                         for layer in loaded.layers})
+    report["tp_saved_equal"] = all(np.array_equal(a, b) for a, b in zip(
+        loaded.get_weights(), gathered.get_weights()))
+    report["tp_saved_forward_max_diff"] = float(np.abs(loaded((x, ctx)) - two((x, ctx))).max())
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def _model_class():
         Args:
             inner: The placed copy (`placement.placed_clone`), a plain Keras model.
             stage_of: layer name -> stage index.
-            stage_devices: The device of each stage.
+            stage_devices: The device of each stage, or its tuple of devices
+                when the stage is tensor-parallel (it runs under the first).
             microbatches: Micro-batches per batch (M); the batch must divide by it.
             schedule: "gpipe" or "1f1b".
         """
@@ -71,7 +72,8 @@ def _model_class():
             self.inner = inner
             self.microbatches = int(microbatches)
             self.schedule_name = schedule
-            self.stage_devices = list(stage_devices)
+            self.stage_groups = [(d,) if isinstance(d, str) else tuple(d) for d in stage_devices]
+            self.stage_devices = [group[0] for group in self.stage_groups]
             self._graph = graph_lib.from_keras(inner)
             self._nodes = graph_lib.keras_nodes(inner)
             cuts = _cuts(self._graph, stage_of)
@@ -212,11 +214,14 @@ def _model_class():
             return list(rest), into_inputs
 
         def save(self, filepath, *args, **kwargs):
-            """Saves the plain model, unsplit (it loads without tfdist)."""
-            return self.inner.save(filepath, *args, **kwargs)
+            """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""
+            from tfdist.model_parallel import tensor_parallel
+
+            return tensor_parallel.gather_model(self.inner).save(filepath, *args, **kwargs)
 
         def unsplit(self):
-            """The plain Keras model sharing these layers and variables."""
+            """The Keras model sharing these layers and variables (tensor-parallel
+            layers stay split; `tensor_parallel.gather_model` makes it plain)."""
             return self.inner
 
     return PipelineModel
@@ -237,8 +242,8 @@ def _cuts(graph, stage_of: dict[str, int]) -> list[int]:
 
 
 def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1,
-          schedule: str = "gpipe"):
-    """Cuts a model into placed stages trained with micro-batches.
+          schedule: str = "gpipe", tensor_parallel: int = 1):
+    """Cuts a model into placed stages trained with micro-batches, each maybe tensor-parallel.
 
     Args:
         model: A built functional or Sequential Keras model.
@@ -249,6 +254,11 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             weights go with the layer before them in both cases.
         microbatches: M, micro-batches per batch; M = 1 is naive model parallelism.
         schedule: "gpipe" or "1f1b".
+        tensor_parallel: T, devices per stage: stage s runs on
+            devices[s*T:(s+1)*T] (so `devices` holds P*T for P stages), its
+            attention layers split by heads and its feed-forward Dense pairs
+            by units over them (`tensor_parallel`), its other layers on the
+            first. T = 1: each stage on one device.
 
     Returns:
         A `PipelineModel` (uncompiled) starting from `model`'s weights.
@@ -257,6 +267,7 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         ConfigError: for a model that cannot be cut, a bad placement, a missing device.
     """
     schedules.build(schedule, 1, 1)  # the name, before any work
+    t = plan.check_tensor_parallel(len(devices or []), tensor_parallel, bool(placement))
     graph = graph_lib.from_keras(model)
     if placement:
         groups = plan.parse_placement(placement)
@@ -266,8 +277,9 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         if not devices:
             raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) "
                               "or --placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
-        cuts = graph_lib.balanced_cuts(graph, len(devices))
-        stage_devices = list(devices)
+        groups = [tuple(devices[s * t:(s + 1) * t]) for s in range(len(devices) // t)]
+        cuts = graph_lib.balanced_cuts(graph, len(groups))
+        stage_devices = groups if t > 1 else list(devices)
     bounds = [0, *cuts, len(graph.nodes)]
     stage_of = {}
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):

@@ -71,35 +71,50 @@ def check_regularizers(model) -> None:
                               "data-parallel strategy.")
 
 
-def placed_clone(model, device_of: dict[str, str]):
+def placed_clone(model, device_of: dict):
     """A copy of `model` whose every layer is a fresh copy built on its device, with its weights.
 
     Copies come from each layer's config, are placed with `place_layer`
     (variables and compute), built as `keras.models.clone_model` rewires the
     graph, and given the original's weights, so a split model starts exactly
-    where the unsplit one does, and saves as a plain Keras model.
+    where the unsplit one does, and saves as a plain Keras model. A layer
+    given several devices is made tensor-parallel over them
+    (`tensor_parallel.tensor_parallel_clone_function`: attention by heads,
+    feed-forward Dense pairs by units; other layers on the first device).
 
     Args:
         model: A built functional or Sequential Keras model.
-        device_of: layer name -> device.
+        device_of: layer name -> device, or a tuple of devices (tensor parallel).
     """
     import keras
 
-    check_devices(sorted(set(device_of.values())))
+    from tfdist.model_parallel import tensor_parallel
+
+    groups = {name: (d,) if isinstance(d, str) else tuple(d) for name, d in device_of.items()}
+    check_devices(sorted({d for group in groups.values() for d in group}))
     check_regularizers(model)
+    roles = (tensor_parallel.feed_forward_pairs(model)
+             if any(len(g) > 1 for g in groups.values()) else {})
+    clones = {g: tensor_parallel.tensor_parallel_clone_function(g, roles)
+              for g in set(groups.values())}
 
     def copy(layer):
         if isinstance(layer, keras.layers.InputLayer):
             return layer.__class__.from_config(layer.get_config())
-        return _placed_copy(layer, device_of[layer.name])
+        return clones[groups[layer.name]](layer)
 
     clone = keras.models.clone_model(model, clone_function=copy)
-    clone.set_weights(model.get_weights())
+    tensor_parallel.copy_weights(model, clone)
     return clone
 
 
-def _placed_copy(layer, device: str):
-    """A fresh copy of `layer` from its config, placed on `device`; ConfigError naming it."""
+def placed_copy(layer, device: str):
+    """A fresh, unbuilt copy of `layer` from its config, placed on `device`.
+
+    Raises:
+        ConfigError: naming a layer that cannot be copied from its config, or
+            that makes its weights when constructed.
+    """
     try:
         copy = layer.__class__.from_config(layer.get_config())
     except Exception as e:  # any failure of a user's layer class: one line naming it

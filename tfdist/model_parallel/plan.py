@@ -22,6 +22,33 @@ def even_split(num_items: int, num_parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_parts)]
 
 
+def check_tensor_parallel(devices: int, tensor_parallel: int, placement: bool = False) -> int:
+    """Pure function: the tensor-parallel degree T, checked against the devices (P stages x T).
+
+    Args:
+        devices: Devices to split over (0: not given).
+        tensor_parallel: T, devices per stage.
+        placement: Whether stages are named by --placement (one device each).
+
+    Raises:
+        ConfigError: for T < 1, T > 1 with --placement, or devices not a multiple of T.
+    """
+    t = int(tensor_parallel)
+    if t < 1:
+        raise ConfigError(f"--tensor-parallel must be at least 1. Received: {t}.")
+    if t == 1:
+        return t
+    if placement:
+        raise ConfigError(f"--tensor-parallel {t} splits each stage over {t} of --devices; "
+                          "--placement names one device per layer group. Drop --placement "
+                          "(stages are then cut evenly), or use --tensor-parallel 1.")
+    if devices < t or devices % t:
+        raise ConfigError(f"--tensor-parallel {t} needs --devices P*{t} (P stages of {t} "
+                          f"devices each). Received: --devices {devices}. Use --devices {t} "
+                          f"(one stage) or {2 * t} (two stages).")
+    return t
+
+
 def bubble_fraction(stages: int, microbatches: int) -> float:
     """GPipe's idle fraction (p - 1) / (m + p - 1) for p balanced stages and m micro-batches."""
     if stages < 1 or microbatches < 1:

@@ -1,4 +1,4 @@
-"""Tensor parallelism: one Dense/MLP block split across devices (Megatron-LM style).
+"""Tensor parallelism (Megatron-LM style): Dense layers and attention heads split across devices.
 
 `ColumnParallelDense` splits a kernel by output columns: device i holds
 kernel[:, cols_i] and computes its slice of the activations, with no
@@ -8,17 +8,31 @@ are added (the all-reduce; here a sum on the first device). `ParallelMLP`
 chains the two, so an MLP block needs one reduction forward and one backward,
 and each device holds 1/N of its parameters.
 
+`HeadParallelAttention` does the same for keras.layers.MultiHeadAttention:
+device i holds the query/key/value kernels of its heads (column-parallel,
+the (d, heads, head_dim) kernels split along heads) and their rows of the
+output projection (row-parallel, (heads, head_dim, d) split along heads),
+computes its heads' attention, and the partial outputs are summed once.
+
+Each layer replaces its plain Keras layer 1:1 (`from_layer`, `to_plain`):
+`tensor_parallel_clone_function` turns a model's MultiHeadAttention layers
+and feed-forward Dense pairs (`feed_forward_pairs`) into tensor-parallel
+ones for `keras.models.clone_model`, and `gather_model` turns them back into
+the plain model (what a split model saves; it loads with Keras alone).
+
 Build them in a process whose devices exist (logical CPUs: configure_runtime).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 from tfdist.model_parallel import plan
 
 
 def _bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of each of `parts` near-equal shards of `total` (earlier ones larger)."""
     sizes, out, start = plan.even_split(total, parts), [], 0
     for size in sizes:
         out.append((start, start + size))
@@ -30,26 +44,101 @@ def _bounds(total: int, parts: int) -> list[tuple[int, int]]:
 def _classes():
     import keras
     import tensorflow as tf
+    from keras import ops
 
     def sharded_init(initializer, full_shape, axis, start, stop):
-        """An initializer for one shard of a kernel drawn at its full shape.
+        """An initializer for one shard of a weight drawn at its full shape.
 
-        Drawing the full kernel keeps fan-in/fan-out (and so the scale) of an
-        unsplit Dense.
+        Drawing the full weight keeps fan-in/fan-out (and so the scale) of the
+        unsplit layer.
         """
         cache = {}
 
         def init(shape, dtype=None):
             if "full" not in cache:
                 cache["full"] = keras.initializers.get(initializer)(full_shape, dtype=dtype)
-            full = cache["full"]
-            return full[:, start:stop] if axis == 1 else full[start:stop, :]
+            index = (slice(None),) * axis + (slice(start, stop),)
+            return cache["full"][index]
 
         return init
 
+    def serialize_init(initializer):
+        return keras.initializers.serialize(keras.initializers.get(initializer))
+
+    def check_plain(layer, kind, refused):
+        """ValueError naming the first feature of `layer` a tensor-parallel copy lacks."""
+        for attr, default, what in refused:
+            value = getattr(layer, attr, default)
+            if value != default and value is not default:
+                raise ValueError(f"{kind} cannot replace layer {layer.name!r}: it has {what} "
+                                 f"({attr}={value!r}). Received: {type(layer).__name__}. "
+                                 "Leave that layer whole (no tensor parallelism).")
+
+    class _TensorParallel(keras.layers.Layer):
+        """What the tensor-parallel layers share: the plain layer's weights in and out."""
+
+        _tfdist_tensor_parallel = True
+
+        def _shard_weights(self):  # pragma: no cover - interface
+            """[(variable, axis) or (variable, None) for a whole one], in plain-weight order."""
+            raise NotImplementedError
+
+        def plain_weights(self):
+            """The weights of the equivalent plain layer (shards gathered), as NumPy arrays."""
+            import numpy as np
+
+            out = []
+            for group, axis in self._plain_groups():
+                values = [v.numpy() for v in group]
+                out.append(values[0] if axis is None else np.concatenate(values, axis=axis))
+            return out
+
+        def set_plain_weights(self, weights):
+            """Loads the plain layer's weights (`get_weights()` order) into the shards."""
+            groups = self._plain_groups()
+            if len(weights) != len(groups):
+                raise ValueError(f"{self.name}: expected {len(groups)} plain weights. "
+                                 f"Received: {len(weights)}.")
+            for (group, axis), value in zip(groups, weights):
+                if axis is None:
+                    group[0].assign(value)
+                    continue
+                start = 0
+                for v in group:
+                    stop = start + v.shape[axis]
+                    v.assign(value[(slice(None),) * axis + (slice(start, stop),)])
+                    start = stop
+                if start != value.shape[axis]:
+                    raise ValueError(f"{self.name}: a plain weight of shape {value.shape} does "
+                                     f"not match shards adding up to {start} on axis {axis}.")
+
+        def to_plain(self):
+            """The equivalent plain Keras layer, built, holding the gathered weights."""
+            layer = self._plain_class().from_config(self.plain_config())
+            self._build_plain(layer)
+            layer.set_weights(self.plain_weights())
+            return layer
+
+        def _base_config(self):
+            base = keras.layers.Layer.get_config(self)
+            return {k: base[k] for k in ("name", "trainable", "dtype") if k in base}
+
     @keras.saving.register_keras_serializable(package="tfdist")
-    class ColumnParallelDense(keras.layers.Layer):
-        """Dense whose output columns are split over `devices`; returns the list of slices.
+    class ColumnParallelDense(_TensorParallel):
+        """Dense whose output columns are split over `devices`.
+
+        Device i holds kernel[:, cols_i] and bias[cols_i] and computes its
+        slice of the activations with no communication. With
+        `gather_output=False` (Megatron's handoff, used by `ParallelMLP`) it
+        returns the list of slices, each on its device, for a
+        `RowParallelDense(input_is_parallel=True)`. With `gather_output=True`
+        it returns their concatenation, one tensor shaped like the Dense's
+        output, so that it replaces a Dense 1:1 in a Keras graph (a layer
+        hands one tensor to the next). That costs what Megatron avoids: an
+        all-gather of the activations forward (the concat, on the first
+        device), then the next `RowParallelDense(input_is_parallel=False)`
+        slices its part back out on each device (the backward of the concat
+        is the same slicing, no reduction). The arithmetic is unchanged.
 
         Args:
             units: Output size of the whole (unsplit) layer.
@@ -57,18 +146,23 @@ def _classes():
             activation: Applied to each slice (elementwise, so split-safe).
             use_bias: Whether each shard has its slice of the bias.
             kernel_initializer: Drawn at the full (in, units) shape, then sliced.
+            bias_initializer: Likewise, at (units,).
+            gather_output: Return one concatenated tensor instead of the slices.
         """
 
         def __init__(self, units, devices, activation=None, use_bias=True,
-                     kernel_initializer="glorot_uniform", **kwargs):
+                     kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                     gather_output=False, **kwargs):
             super().__init__(**kwargs)
             self.units, self.devices = int(units), list(devices)
             self.activation = keras.activations.get(activation)
             self.use_bias, self.kernel_initializer = use_bias, kernel_initializer
+            self.bias_initializer, self.gather_output = bias_initializer, bool(gather_output)
             self.bounds = _bounds(self.units, len(self.devices))
 
         def build(self, input_shape):
             fan_in = int(input_shape[-1])
+            self.input_dim = fan_in
             self.kernels, self.biases = [], []
             for i, (device, (a, b)) in enumerate(zip(self.devices, self.bounds)):
                 with tf.device(device):
@@ -77,75 +171,387 @@ def _classes():
                         initializer=sharded_init(self.kernel_initializer, (fan_in, self.units),
                                                  1, a, b)))
                     if self.use_bias:
-                        self.biases.append(self.add_weight(shape=(b - a,), name=f"bias_{i}",
-                                                           initializer="zeros"))
+                        self.biases.append(self.add_weight(
+                            shape=(b - a,), name=f"bias_{i}",
+                            initializer=sharded_init(self.bias_initializer, (self.units,),
+                                                     0, a, b)))
 
         def call(self, x):
             outs = []
             for i, device in enumerate(self.devices):
                 with tf.device(device):
-                    y = tf.matmul(x, self.kernels[i])
+                    y = ops.matmul(x, self.kernels[i])
                     if self.use_bias:
-                        y = y + self.biases[i]
+                        y = ops.add(y, self.biases[i])
                     outs.append(self.activation(y))
-            return outs
+            if not self.gather_output:
+                return outs
+            with tf.device(self.devices[0]):  # the all-gather Megatron's handoff avoids
+                return ops.concatenate(outs, axis=-1)
+
+        def compute_output_shape(self, input_shape):
+            if self.gather_output:
+                return (*input_shape[:-1], self.units)
+            return [(*input_shape[:-1], b - a) for a, b in self.bounds]
 
         def get_config(self):
             return {**super().get_config(), "units": self.units, "devices": self.devices,
                     "activation": keras.activations.serialize(self.activation),
                     "use_bias": self.use_bias,
-                    "kernel_initializer": keras.initializers.serialize(
-                        keras.initializers.get(self.kernel_initializer))}
+                    "kernel_initializer": serialize_init(self.kernel_initializer),
+                    "bias_initializer": serialize_init(self.bias_initializer),
+                    "gather_output": self.gather_output}
+
+        @classmethod
+        def from_layer(cls, dense, devices, gather_output=True):
+            """The column-parallel copy of a built `keras.layers.Dense`, holding its weights.
+
+            Raises:
+                ValueError: for a Dense feature the copy lacks (a constraint,
+                    LoRA, quantization), or more devices than units.
+            """
+            return _from_dense(cls, dense, devices, gather_output=gather_output)
+
+        def _plain_groups(self):
+            return [(self.kernels, 1)] + ([(self.biases, 0)] if self.use_bias else [])
+
+        def _plain_class(self):
+            return keras.layers.Dense
+
+        def plain_config(self):
+            """The config of the equivalent `keras.layers.Dense`."""
+            return {**self._base_config(), "units": self.units,
+                    "activation": keras.activations.serialize(self.activation),
+                    "use_bias": self.use_bias,
+                    "kernel_initializer": serialize_init(self.kernel_initializer),
+                    "bias_initializer": serialize_init(self.bias_initializer)}
+
+        def _build_plain(self, layer):
+            layer.build((None, self.input_dim))
 
     @keras.saving.register_keras_serializable(package="tfdist")
-    class RowParallelDense(keras.layers.Layer):
-        """Dense whose input rows are split over `devices`; takes the column slices.
+    class RowParallelDense(_TensorParallel):
+        """Dense whose input rows are split over `devices`.
+
+        Device i multiplies its slice of the input features by kernel[rows_i, :];
+        the partial products are summed on the first device (Megatron's
+        all-reduce of a row-parallel layer), then the bias (held once, on the
+        first device) and the activation are applied.
 
         Args:
             units: Output size.
             devices: Device names; input slice i is multiplied on device i.
+            activation: Applied after the sum.
             use_bias: One bias, added once after the sum (on the first device).
             kernel_initializer: Drawn at the full (in, units) shape, then sliced.
+            bias_initializer: Of the one bias.
+            input_is_parallel: Take the list of slices a
+                `ColumnParallelDense(gather_output=False)` returns (Megatron's
+                handoff); False: take one tensor and slice it on each device.
         """
 
-        def __init__(self, units, devices, use_bias=True, kernel_initializer="glorot_uniform",
-                     **kwargs):
+        def __init__(self, units, devices, activation=None, use_bias=True,
+                     kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                     input_is_parallel=True, **kwargs):
             super().__init__(**kwargs)
             self.units, self.devices = int(units), list(devices)
+            self.activation = keras.activations.get(activation)
             self.use_bias, self.kernel_initializer = use_bias, kernel_initializer
+            self.bias_initializer = bias_initializer
+            self.input_is_parallel = bool(input_is_parallel)
 
         def build(self, input_shapes):
-            widths = [int(s[-1]) for s in input_shapes]
+            if self.input_is_parallel:
+                widths = [int(s[-1]) for s in input_shapes]
+            else:
+                widths = [b - a for a, b in _bounds(int(input_shapes[-1]), len(self.devices))]
             if len(widths) != len(self.devices):
                 raise ValueError(f"RowParallelDense over {len(self.devices)} devices needs "
                                  f"{len(self.devices)} input slices. Received {len(widths)}.")
-            fan_in, start, self.kernels = sum(widths), 0, []
+            fan_in, start, self.kernels, self.input_bounds = sum(widths), 0, [], []
+            self.input_dim = fan_in
             for i, (device, w) in enumerate(zip(self.devices, widths)):
                 with tf.device(device):
                     self.kernels.append(self.add_weight(
                         shape=(w, self.units), name=f"kernel_{i}",
                         initializer=sharded_init(self.kernel_initializer, (fan_in, self.units),
                                                  0, start, start + w)))
+                self.input_bounds.append((start, start + w))
                 start += w
             if self.use_bias:
                 with tf.device(self.devices[0]):
                     self.bias = self.add_weight(shape=(self.units,), name="bias",
-                                                initializer="zeros")
+                                                initializer=self.bias_initializer)
 
         def call(self, xs):
             partials = []
             for i, device in enumerate(self.devices):
                 with tf.device(device):
-                    partials.append(tf.matmul(xs[i], self.kernels[i]))
+                    if self.input_is_parallel:
+                        x = xs[i]
+                    else:
+                        a, b = self.input_bounds[i]
+                        x = xs[..., a:b]
+                    partials.append(ops.matmul(x, self.kernels[i]))
             with tf.device(self.devices[0]):  # the all-reduce of Megatron's row-parallel layer
                 y = tf.add_n(partials)
-                return y + self.bias if self.use_bias else y
+                if self.use_bias:
+                    y = ops.add(y, self.bias)
+                return self.activation(y)
+
+        def compute_output_shape(self, input_shapes):
+            shape = input_shapes[0] if self.input_is_parallel else input_shapes
+            return (*shape[:-1], self.units)
 
         def get_config(self):
             return {**super().get_config(), "units": self.units, "devices": self.devices,
+                    "activation": keras.activations.serialize(self.activation),
                     "use_bias": self.use_bias,
-                    "kernel_initializer": keras.initializers.serialize(
-                        keras.initializers.get(self.kernel_initializer))}
+                    "kernel_initializer": serialize_init(self.kernel_initializer),
+                    "bias_initializer": serialize_init(self.bias_initializer),
+                    "input_is_parallel": self.input_is_parallel}
+
+        @classmethod
+        def from_layer(cls, dense, devices, input_is_parallel=False):
+            """The row-parallel copy of a built `keras.layers.Dense`, holding its weights.
+
+            Raises:
+                ValueError: for a Dense feature the copy lacks, or more devices
+                    than input features.
+            """
+            return _from_dense(cls, dense, devices, input_is_parallel=input_is_parallel)
+
+        def _plain_groups(self):
+            return [(self.kernels, 0)] + ([([self.bias], None)] if self.use_bias else [])
+
+        _plain_class = ColumnParallelDense._plain_class
+        plain_config = ColumnParallelDense.plain_config
+        _build_plain = ColumnParallelDense._build_plain
+
+    def _from_dense(cls, dense, devices, **kwargs):
+        check_plain(dense, cls.__name__, _DENSE_REFUSED)
+        if getattr(dense, "kernel", None) is None or len(dense.kernel.shape) != 2:
+            raise ValueError(f"{cls.__name__}.from_layer needs a built keras.layers.Dense. "
+                             f"Received: {type(dense).__name__} {dense.name!r}.")
+        config = dense.get_config()
+        layer = cls(config["units"], devices, activation=config["activation"],
+                    use_bias=config["use_bias"],
+                    kernel_initializer=config["kernel_initializer"],
+                    bias_initializer=config["bias_initializer"], name=dense.name,
+                    dtype=config.get("dtype"), trainable=dense.trainable, **kwargs)
+        if cls is RowParallelDense and not layer.input_is_parallel:
+            layer.build((None, int(dense.kernel.shape[0])))
+        elif cls is RowParallelDense:
+            layer.build([(None, b - a) for a, b in _bounds(int(dense.kernel.shape[0]),
+                                                           len(layer.devices))])
+        else:
+            layer.build((None, int(dense.kernel.shape[0])))
+        layer.set_plain_weights(dense.get_weights())
+        return layer
+
+    @keras.saving.register_keras_serializable(package="tfdist")
+    class HeadParallelAttention(_TensorParallel):
+        """keras.layers.MultiHeadAttention with its heads split over `devices`.
+
+        Device i holds the query, key and value kernels (and biases) of its
+        heads (column-parallel: the (d, heads, head_dim) kernels split along
+        heads), and the same heads' rows of the output projection
+        (row-parallel: (heads, head_dim, d) split along heads). It projects,
+        attends and projects back its heads alone; the partial outputs are
+        summed once on the first device (the forward all-reduce) and the
+        output bias, held once there, is added. The backward all-reduce (of
+        the input's gradient) is autodiff summing each device's contribution.
+        Per head the computation is MultiHeadAttention's own
+        (`keras.ops.dot_product_attention` with its scale and masks), so the
+        two differ only in the order the heads' outputs are summed.
+
+        Takes rank-3 inputs (batch, sequence, features) and MultiHeadAttention's
+        call arguments (query, value, key, the Keras masks, attention_mask,
+        use_causal_mask, training); not return_attention_scores, attention
+        dropout, a gate, a sliding window, other attention axes or an
+        output_shape (`from_layer` refuses a layer with them).
+
+        Args:
+            num_heads: Heads of the whole layer; each device takes a
+                contiguous group (earlier devices one more when uneven).
+            key_dim: Size of each query and key head.
+            devices: Device names, one group of heads each.
+            value_dim: Size of each value head (default key_dim).
+            use_bias: Biases on the projections, as MultiHeadAttention's.
+            kernel_initializer: Drawn at the full kernel shapes, then sliced.
+            bias_initializer: Likewise.
+        """
+
+        def __init__(self, num_heads, key_dim, devices, value_dim=None, use_bias=True,
+                     kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+            super().__init__(**kwargs)
+            self.supports_masking = True
+            self.num_heads, self.key_dim = int(num_heads), int(key_dim)
+            self.value_dim = int(value_dim or key_dim)
+            self.devices, self.use_bias = list(devices), bool(use_bias)
+            self.kernel_initializer, self.bias_initializer = kernel_initializer, bias_initializer
+            if self.num_heads < len(self.devices):
+                raise ValueError(f"HeadParallelAttention cannot split {self.num_heads} head(s) "
+                                 f"over {len(self.devices)} devices: each needs at least one. "
+                                 "Use a tensor-parallel degree of at most num_heads.")
+            self.bounds = _bounds(self.num_heads, len(self.devices))
+
+        def build(self, query_shape, value_shape, key_shape=None):
+            key_shape = value_shape if key_shape is None else key_shape
+            for what, shape in (("query", query_shape), ("value", value_shape),
+                                ("key", key_shape)):
+                if len(shape) != 3:
+                    raise ValueError(f"HeadParallelAttention takes (batch, sequence, features) "
+                                     f"inputs. Received: {what} shape {tuple(shape)}.")
+            self.dims = {"query": int(query_shape[-1]), "key": int(key_shape[-1]),
+                         "value": int(value_shape[-1])}
+            n, out_dim = self.num_heads, self.dims["query"]
+            self.shards = []
+            for i, (device, (a, b)) in enumerate(zip(self.devices, self.bounds)):
+                shard = {}
+                with tf.device(device):
+                    for proj, head_dim in (("query", self.key_dim), ("key", self.key_dim),
+                                           ("value", self.value_dim)):
+                        d = self.dims[proj]
+                        shard[f"{proj}_kernel"] = self.add_weight(
+                            shape=(d, b - a, head_dim), name=f"{proj}_kernel_{i}",
+                            initializer=sharded_init(self.kernel_initializer, (d, n, head_dim),
+                                                     1, a, b))
+                        if self.use_bias:
+                            shard[f"{proj}_bias"] = self.add_weight(
+                                shape=(b - a, head_dim), name=f"{proj}_bias_{i}",
+                                initializer=sharded_init(self.bias_initializer, (n, head_dim),
+                                                         0, a, b))
+                    shard["output_kernel"] = self.add_weight(
+                        shape=(b - a, self.value_dim, out_dim), name=f"output_kernel_{i}",
+                        initializer=sharded_init(self.kernel_initializer,
+                                                 (n, self.value_dim, out_dim), 0, a, b))
+                self.shards.append(shard)
+            if self.use_bias:
+                with tf.device(self.devices[0]):
+                    self.output_bias = self.add_weight(shape=(out_dim,), name="output_bias",
+                                                       initializer=self.bias_initializer)
+
+        def _mask(self, query, value, query_mask, value_mask, key_mask, attention_mask,
+                  use_causal_mask):
+            """MultiHeadAttention's (B, T, S) boolean mask from the Keras masks and the causal one."""
+            masks = []
+            if query_mask is not None:
+                masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))
+            for m in (value_mask, key_mask):
+                if m is not None:
+                    masks.append(ops.expand_dims(ops.cast(m, "bool"), -2))
+            if use_causal_mask:
+                ones = ops.ones((1, ops.shape(query)[1], ops.shape(value)[1]), dtype="int32")
+                masks.append(ops.greater_equal(ops.cumsum(ones, axis=-2),
+                                               ops.cumsum(ones, axis=-1)))
+            auto = None
+            for m in masks:
+                auto = m if auto is None else auto & m
+            if attention_mask is not None:
+                attention_mask = ops.cast(attention_mask, "bool")
+            if auto is not None:
+                attention_mask = auto if attention_mask is None else attention_mask & auto
+            return attention_mask
+
+        def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
+                 attention_mask=None, return_attention_scores=False, training=None,
+                 use_causal_mask=False):
+            if return_attention_scores:
+                raise ValueError("HeadParallelAttention does not return attention scores. "
+                                 "Received: return_attention_scores=True.")
+            key = value if key is None else key
+            # MultiHeadAttention's routing: causal alone goes to the backend's causal kernel.
+            causal_only = (use_causal_mask and attention_mask is None and query_mask is None
+                           and value_mask is None and key_mask is None)
+            mask = None
+            if not causal_only:
+                mask = self._mask(query, value, query_mask, value_mask, key_mask,
+                                  attention_mask, use_causal_mask)
+                if mask is not None:
+                    for _ in range(4 - len(mask.shape)):  # (B, T, S) -> (B, 1, T, S)
+                        mask = ops.expand_dims(mask, axis=-3)
+                    mask = ops.cast(mask, "bool")
+            scale = 1.0 / math.sqrt(float(self.key_dim))
+            partials = []
+            for device, shard in zip(self.devices, self.shards):
+                with tf.device(device):
+                    projected = {}
+                    for proj, x in (("query", query), ("key", key), ("value", value)):
+                        y = ops.einsum("abc,cde->abde", x, shard[f"{proj}_kernel"])
+                        if self.use_bias:
+                            y = ops.add(y, shard[f"{proj}_bias"])
+                        projected[proj] = y
+                    heads = ops.dot_product_attention(
+                        projected["query"], projected["key"], projected["value"], mask=mask,
+                        scale=scale, is_causal=causal_only)
+                    partials.append(ops.einsum("abcd,cde->abe", heads, shard["output_kernel"]))
+            with tf.device(self.devices[0]):  # the forward all-reduce of the heads' outputs
+                y = tf.add_n(partials) if len(partials) > 1 else partials[0]
+                return ops.add(y, self.output_bias) if self.use_bias else y
+
+        def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+            return tuple(query_shape)
+
+        def get_config(self):
+            return {**super().get_config(), "num_heads": self.num_heads,
+                    "key_dim": self.key_dim, "value_dim": self.value_dim,
+                    "devices": self.devices, "use_bias": self.use_bias,
+                    "kernel_initializer": serialize_init(self.kernel_initializer),
+                    "bias_initializer": serialize_init(self.bias_initializer)}
+
+        @classmethod
+        def from_layer(cls, mha, devices):
+            """The head-parallel copy of a built MultiHeadAttention, holding its weights.
+
+            Raises:
+                ValueError: for a feature the copy lacks (see the class), or
+                    more devices than heads.
+            """
+            check_plain(mha, cls.__name__, _MHA_REFUSED)
+            if getattr(mha, "_query_dense", None) is None:
+                raise ValueError(f"{cls.__name__}.from_layer needs a built MultiHeadAttention. "
+                                 f"Received: {type(mha).__name__} {mha.name!r} (unbuilt).")
+            if mha._query_dense.equation != "abc,cde->abde":
+                raise ValueError(f"{cls.__name__} takes (batch, sequence, features) inputs. "
+                                 f"Received: layer {mha.name!r} built with projection "
+                                 f"{mha._query_dense.equation!r}.")
+            config = mha.get_config()
+            layer = cls(mha.num_heads, mha.key_dim, devices, value_dim=mha.value_dim,
+                        use_bias=mha.use_bias, kernel_initializer=config["kernel_initializer"],
+                        bias_initializer=config["bias_initializer"], name=mha.name,
+                        dtype=config.get("dtype"), trainable=mha.trainable)
+            shapes = [(None, None, int(d.kernel.shape[0]))
+                      for d in (mha._query_dense, mha._value_dense, mha._key_dense)]
+            layer.build(*shapes)
+            layer.set_plain_weights(mha.get_weights())
+            return layer
+
+        def _plain_groups(self):
+            groups = []
+            for proj in ("query", "key", "value"):
+                groups.append(([s[f"{proj}_kernel"] for s in self.shards], 1))
+                if self.use_bias:
+                    groups.append(([s[f"{proj}_bias"] for s in self.shards], 0))
+            groups.append(([s["output_kernel"] for s in self.shards], 0))
+            if self.use_bias:
+                groups.append(([self.output_bias], None))
+            return groups
+
+        def _plain_class(self):
+            return keras.layers.MultiHeadAttention
+
+        def plain_config(self):
+            """The config of the equivalent `keras.layers.MultiHeadAttention`."""
+            return {**self._base_config(), "num_heads": self.num_heads,
+                    "key_dim": self.key_dim, "value_dim": self.value_dim,
+                    "use_bias": self.use_bias,
+                    "kernel_initializer": serialize_init(self.kernel_initializer),
+                    "bias_initializer": serialize_init(self.bias_initializer)}
+
+        def _build_plain(self, layer):
+            layer.build((None, None, self.dims["query"]), (None, None, self.dims["value"]),
+                        (None, None, self.dims["key"]))
 
     @keras.saving.register_keras_serializable(package="tfdist")
     class ParallelMLP(keras.layers.Layer):
@@ -173,28 +579,33 @@ def _classes():
 
         def dense_weights(self):
             """[W1, b1, W2, b2] of the equivalent unsplit Dense pair, as NumPy arrays."""
-            import numpy as np
-
-            c, r = self.column, self.row
-            return [np.concatenate([k.numpy() for k in c.kernels], axis=1),
-                    np.concatenate([b.numpy() for b in c.biases]),
-                    np.concatenate([k.numpy() for k in r.kernels], axis=0), r.bias.numpy()]
+            return [*self.column.plain_weights(), *self.row.plain_weights()]
 
         def set_dense_weights(self, weights):
             """Loads [W1, b1, W2, b2] of an unsplit Dense pair into the shards."""
-            w1, b1, w2, b2 = weights
-            for (a, b), k, bias, k2 in zip(self.column.bounds, self.column.kernels,
-                                           self.column.biases, self.row.kernels):
-                k.assign(w1[:, a:b])
-                bias.assign(b1[a:b])
-                k2.assign(w2[a:b, :])
-            self.row.bias.assign(b2)
+            self.column.set_plain_weights(weights[:2])
+            self.row.set_plain_weights(weights[2:])
 
         def get_config(self):
             return {**super().get_config(), "hidden_units": self.hidden_units,
                     "units": self.units, "devices": self.devices, "activation": self.activation}
 
-    return ColumnParallelDense, RowParallelDense, ParallelMLP
+    return ColumnParallelDense, RowParallelDense, ParallelMLP, HeadParallelAttention
+
+
+# Features of a plain layer its tensor-parallel copy lacks: (attribute, plain value, what).
+_DENSE_REFUSED = (("kernel_constraint", None, "a kernel constraint"),
+                  ("bias_constraint", None, "a bias constraint"),
+                  ("lora_enabled", False, "LoRA"),
+                  ("quantization_mode", None, "quantization"))
+_MHA_REFUSED = (("_dropout", 0.0, "attention dropout"),
+                ("_use_gate", False, "a gate"),
+                ("_output_shape", None, "an output_shape"),
+                ("_sliding_window", None, "a sliding window"),
+                ("_kernel_constraint", None, "a kernel constraint"),
+                ("_bias_constraint", None, "a bias constraint"),
+                ("_kernel_regularizer", None, "a kernel regularizer"),
+                ("_bias_regularizer", None, "a bias regularizer"))
 
 
 def ColumnParallelDense(*args, **kwargs):  # noqa: N802 (a class, built lazily)
@@ -212,6 +623,157 @@ def ParallelMLP(*args, **kwargs):  # noqa: N802
     return _classes()[2](*args, **kwargs)
 
 
+def HeadParallelAttention(*args, **kwargs):  # noqa: N802
+    """Builds a `HeadParallelAttention` layer (MultiHeadAttention by heads); see `_classes`."""
+    return _classes()[3](*args, **kwargs)
+
+
+def layer_classes() -> dict:
+    """name -> class of the tensor-parallel layers (for `from_layer` and isinstance)."""
+    names = ("ColumnParallelDense", "RowParallelDense", "ParallelMLP", "HeadParallelAttention")
+    return dict(zip(names, _classes()))
+
+
 def register() -> None:
     """Registers the layer classes with Keras, so saved models that use them load."""
     _classes()
+
+
+def is_tensor_parallel(layer) -> bool:
+    """Whether `layer` is one of the 1:1 tensor-parallel replacements (it has `to_plain`)."""
+    return bool(getattr(layer, "_tfdist_tensor_parallel", False))
+
+
+def dense_pairs(graph, dense: set[str]) -> dict[str, str]:
+    """Pure function: the feed-forward pairs among a model's Dense layers.
+
+    A pair is a Dense called once whose output only one call reads, that of
+    another Dense called once, which reads nothing else (and the output is
+    not a model output). The first becomes column-parallel, the second
+    row-parallel: between them each device keeps its slice of the hidden
+    units. Pairs do not overlap (in Dense -> Dense -> Dense only the first
+    two pair).
+
+    Args:
+        graph: A `tfdist.model_parallel.graph.Graph`.
+        dense: Names of the layers that are plain `keras.layers.Dense`.
+
+    Returns:
+        layer name -> "column" or "row".
+    """
+    span = graph.layer_span()
+    once = {name for name, (a, b) in span.items() if a == b and name in dense}
+    readers: dict = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers.setdefault(t, []).append(node)
+    roles: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.layer not in once or node.layer in roles or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        after = readers.get(out, [])
+        if out in graph.outputs or len(after) != 1:
+            continue
+        nxt = after[0]
+        if nxt.layer in once and nxt.layer not in roles and nxt.inputs == (out,):
+            roles[node.layer], roles[nxt.layer] = "column", "row"
+    return roles
+
+
+def feed_forward_pairs(model) -> dict[str, str]:
+    """layer name -> "column" / "row" for the feed-forward Dense pairs of a functional model."""
+    import keras
+
+    from tfdist.model_parallel import graph as graph_lib
+
+    dense = {layer.name for layer in model.layers if type(layer) is keras.layers.Dense}
+    return dense_pairs(graph_lib.from_keras(model), dense)
+
+
+def parallel_copy(layer, devices, role: str | None = None):
+    """The tensor-parallel copy of a built layer over `devices`, with its weights; else None.
+
+    A `keras.layers.MultiHeadAttention` splits by heads; a `keras.layers.Dense`
+    with `role` "column" (the first of a feed-forward pair) splits its units,
+    with "row" (the second) its input features. Other layers: None.
+    """
+    import keras
+
+    classes = layer_classes()
+    if type(layer) is keras.layers.MultiHeadAttention:
+        return classes["HeadParallelAttention"].from_layer(layer, devices)
+    if type(layer) is keras.layers.Dense and role == "column":
+        return classes["ColumnParallelDense"].from_layer(layer, devices, gather_output=True)
+    if type(layer) is keras.layers.Dense and role == "row":
+        return classes["RowParallelDense"].from_layer(layer, devices, input_is_parallel=False)
+    return None
+
+
+def tensor_parallel_clone_function(devices, roles: dict[str, str] | None = None):
+    """A `clone_function` for `keras.models.clone_model`: the model tensor-parallel over `devices`.
+
+    MultiHeadAttention layers and the Dense layers `roles` names (from
+    `feed_forward_pairs(model)`) become their tensor-parallel copies, built
+    with their weights sharded over `devices`; every other layer becomes a
+    fresh copy from its config placed on devices[0] (`place_layer`), built
+    by the clone, whose weights `copy_weights` then sets.
+
+    Args:
+        devices: The devices of the shards (at least one).
+        roles: layer name -> "column" | "row"; None: no Dense is split.
+    """
+    import keras
+
+    from tfdist.model_parallel import placement
+
+    devices, roles = list(devices), dict(roles or {})
+
+    def clone(layer):
+        if isinstance(layer, keras.layers.InputLayer):
+            return layer.__class__.from_config(layer.get_config())
+        copy = parallel_copy(layer, devices, roles.get(layer.name)) if len(devices) > 1 else None
+        return copy if copy is not None else placement.placed_copy(layer, devices[0])
+
+    return clone
+
+
+def copy_weights(source, clone) -> None:
+    """Gives each layer of `clone` the weights of the layer of the same name in `source`.
+
+    Tensor-parallel layers on either side convert (their plain weights);
+    a clone's tensor-parallel layer built by `parallel_copy` has them already.
+    """
+    for layer in clone.layers:
+        if not layer.weights:
+            continue
+        src = source.get_layer(layer.name)
+        if src is layer:
+            continue
+        weights = src.plain_weights() if is_tensor_parallel(src) else src.get_weights()
+        if is_tensor_parallel(layer):
+            layer.set_plain_weights(weights)
+        else:
+            layer.set_weights(weights)
+
+
+def gather_model(model):
+    """The plain Keras model: every tensor-parallel layer replaced by its plain equivalent.
+
+    Weights are gathered from the shards (a copy: later training of `model`
+    does not reach it). A model without tensor-parallel layers is returned
+    as it is. What a split model saves: it loads with Keras alone.
+    """
+    import keras
+
+    if not any(is_tensor_parallel(layer) for layer in model.layers):
+        return model
+
+    def plain(layer):
+        if is_tensor_parallel(layer):
+            return layer.to_plain()
+        return layer.__class__.from_config(layer.get_config())
+
+    gathered = keras.models.clone_model(model, clone_function=plain)
+    copy_weights(model, gathered)
+    return gathered

@@ -36,6 +36,9 @@ class StrategyOptions:
         schedule: The pipeline schedule, "gpipe" or "1f1b".
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
+        tensor_parallel: Devices per stage (model_parallel, pipeline): each
+            stage's attention and feed-forward layers split over them
+            (`tfdist.model_parallel.tensor_parallel`); `devices` is P*T.
         ps_shards: parameter_server: split large variables into up to this many
             shards across the ps tasks (0 or 1: no partitioning).
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
@@ -51,6 +54,7 @@ class StrategyOptions:
     microbatches: int = 1
     schedule: str = "gpipe"
     placement: str = ""
+    tensor_parallel: int = 1
 
     ps_shards: int = 0
     min_shard_bytes: int = 256 << 10
@@ -62,7 +66,8 @@ class StrategyOptions:
 OPTION_FIELDS: dict[str, str] = {
     "devices": "devices", "collective": "collective", "collective_timeout_s": "timeout_s",
     "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
-    "microbatches": "microbatches", "schedule": "schedule", "placement": "placement", "ps_shards": "ps_shards",
+    "microbatches": "microbatches", "schedule": "schedule", "placement": "placement",
+    "tensor_parallel": "tensor_parallel", "ps_shards": "ps_shards",
     "min_shard_bytes": "min_shard_bytes"}
 
 

@@ -4,6 +4,9 @@ Naive model parallelism: contiguous layer groups on devices (an even split over
 `--devices`, or `--placement 'a,b=/cpu:0;c=/cpu:1'`), variables and compute
 (forward and backward) of each group on its device. Only one device works at
 a time; `pipeline` overlaps them with micro-batches. One process, one replica.
+`--tensor-parallel T` gives each group T devices, its attention split by heads
+and its feed-forward pairs by units (`--devices 2 --tensor-parallel 2`: pure
+2-way tensor parallelism, one stage).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
 
     Args:
         model: The recipe's built (uncompiled) functional or Sequential Keras model.
-        options: StrategyOptions (devices, placement).
+        options: StrategyOptions (devices, placement, tensor_parallel).
         microbatches: Micro-batches per batch (1: naive model parallelism).
         schedule: The pipeline schedule ("gpipe" or "1f1b").
 
@@ -43,9 +46,12 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
     from tfdist.strategies.devices import local_devices
 
     devices = None if options.placement else local_devices(options.devices)
-    split = pipeline.split(model, devices, options.placement, microbatches, schedule)
+    split = pipeline.split(model, devices, options.placement, microbatches, schedule,
+                           options.tensor_parallel)
     table = plan.format_placement(placement.placement_rows(split.pipeline_layers))
-    print(f"tfdist: placement of {model.name!r} over {len(split.stage_devices)} stage(s), "
+    tensor = (f", {options.tensor_parallel}-way tensor parallel in each"
+              if options.tensor_parallel > 1 else "")
+    print(f"tfdist: placement of {model.name!r} over {len(split.stage_devices)} stage(s){tensor}, "
           f"{microbatches} micro-batch(es) per batch\n{table}", flush=True)
     return split
 
@@ -65,7 +71,7 @@ class ModelParallel(Adapter):
     """The model's layers split over local devices (naive model parallelism, M = 1)."""
 
     name = "model_parallel"
-    accepts = ("devices", "placement")
+    accepts = ("devices", "placement", "tensor_parallel")
     one_process = True
 
     @classmethod
@@ -74,6 +80,7 @@ class ModelParallel(Adapter):
         from tfdist.model_parallel import plan
 
         plan.microbatch_size(cfg["global_batch_size"], cfg["microbatches"])
+        plan.check_tensor_parallel(cfg["devices"], cfg["tensor_parallel"], bool(cfg["placement"]))
         if cfg["placement"]:
             plan.parse_placement(cfg["placement"])
 

@@ -34,7 +34,7 @@ class Pipeline(model_parallel.ModelParallel):
     """Model-parallel stages fed with micro-batches."""
 
     name = "pipeline"
-    accepts = ("devices", "placement", "microbatches", "schedule")
+    accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel")
 
     def hooks(self):
         return model_parallel.ModelParallelHooks(self.options, transform_model)

@@ -1,0 +1,180 @@
+"""Tensor-parallel layers: the math of the shards, in-process on one device.
+
+Two shards on the same device split the weights and sum the heads' outputs
+exactly as they do on two devices, so these fast tests check the layers'
+equivalence with their plain Keras layers, the conversions both ways, the
+feed-forward pairing and the refusals; tests/model_parallel/test_equality.py
+(one subprocess with 4 logical CPUs) checks devices and training.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tfdist.errors import ConfigError
+from tfdist.model_parallel import plan
+from tfdist.model_parallel.graph import Graph, Node
+from tfdist.model_parallel.tensor_parallel import dense_pairs
+
+SAME = ["/cpu:0", "/cpu:0"]  # two shards, one device
+FORWARD = dict(rtol=1e-5, atol=1e-6)  # only the heads' sum runs in another order
+
+
+def _graph(nodes, outputs):
+    return Graph(tuple(Node(n, tuple(i), tuple(o), True) for n, i, o in nodes), (0,),
+                 tuple(outputs))
+
+
+def test_a_dense_read_only_by_a_dense_pairs_column_then_row():
+    g = _graph([("norm", [0], [1]), ("ffn_in", [1], [2]), ("ffn_out", [2], [3]),
+                ("add", [0, 3], [4]), ("logits", [4], [5])], [5])
+    assert dense_pairs(g, {"ffn_in", "ffn_out", "logits"}) == {"ffn_in": "column",
+                                                               "ffn_out": "row"}
+
+
+def test_pairs_do_not_overlap_and_need_a_sole_dense_reader():
+    chain = _graph([("d0", [0], [1]), ("d1", [1], [2]), ("d2", [2], [3])], [3])
+    assert dense_pairs(chain, {"d0", "d1", "d2"}) == {"d0": "column", "d1": "row"}
+    # d0's output is read twice (by d1 and by the add), or is a model output: no pair.
+    branched = _graph([("d0", [0], [1]), ("d1", [1], [2]), ("add", [1, 2], [3])], [3])
+    assert dense_pairs(branched, {"d0", "d1"}) == {}
+    output = _graph([("d0", [0], [1]), ("d1", [1], [2])], [1, 2])
+    assert dense_pairs(output, {"d0", "d1"}) == {}
+    # A reader that is no Dense, or a Dense called twice (shared), makes no pair either.
+    assert dense_pairs(chain, {"d0", "d2"}) == {}
+    shared = _graph([("d0", [0], [1]), ("d1", [1], [2]), ("d1", [2], [3])], [3])
+    assert dense_pairs(shared, {"d0", "d1"}) == {}
+
+
+def test_tensor_parallel_degree_fits_the_devices():
+    assert plan.check_tensor_parallel(0, 1) == 1 and plan.check_tensor_parallel(4, 2) == 2
+    with pytest.raises(ConfigError, match=r"--tensor-parallel 2 needs --devices P\*2 .* "
+                                          r"Received: --devices 3\. Use --devices 2"):
+        plan.check_tensor_parallel(3, 2)
+    with pytest.raises(ConfigError, match="Received: --devices 0"):
+        plan.check_tensor_parallel(0, 2)
+    with pytest.raises(ConfigError, match="Drop --placement"):
+        plan.check_tensor_parallel(4, 2, placement=True)
+
+
+@pytest.fixture(scope="module")
+def tp():
+    import keras
+
+    from tfdist.model_parallel import tensor_parallel
+
+    keras.utils.set_random_seed(0)
+    return tensor_parallel
+
+
+def _inputs(*shapes):
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=s).astype("float32") for s in shapes]
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("kind", ["self", "causal", "cross", "masked"])
+def test_head_parallel_attention_equals_multi_head_attention(tp, use_bias, kind):
+    import keras
+
+    q, kv = _inputs((3, 5, 16), (3, 7, 12))
+    mha = keras.layers.MultiHeadAttention(5, 4, value_dim=3, use_bias=use_bias)
+    args, kwargs = {"self": ((q, q), {}), "causal": ((q, q), {"use_causal_mask": True}),
+                    "cross": ((q, kv), {}),
+                    "masked": ((q, q), {"use_causal_mask": True,
+                                        "attention_mask": np.tril(np.ones((3, 5, 5)), 1) > 0})
+                    }[kind]
+    expected = mha(*args, **kwargs)
+    split = tp.layer_classes()["HeadParallelAttention"].from_layer(mha, SAME)
+    assert split.bounds == [(0, 3), (3, 5)]  # 5 heads: 3 + 2
+    np.testing.assert_allclose(split(*args, **kwargs), expected, **FORWARD)
+    assert split.shards[1]["query_kernel"].shape == (16, 2, 4)
+    assert split.shards[1]["output_kernel"].shape == (2, 3, 16)
+    plain = split.to_plain()
+    assert type(plain) is keras.layers.MultiHeadAttention and plain.name == mha.name
+    for a, b in zip(plain.get_weights(), mha.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(plain(*args, **kwargs), expected)
+
+
+def test_column_and_row_dense_equal_the_dense_pair_and_convert_back(tp):
+    import keras
+
+    (x,) = _inputs((4, 6, 10))
+    first = keras.layers.Dense(7, activation="relu")
+    second = keras.layers.Dense(5, activation="tanh")
+    expected = second(first(x))
+    classes = tp.layer_classes()
+    column = classes["ColumnParallelDense"].from_layer(first, SAME)
+    row = classes["RowParallelDense"].from_layer(second, SAME)
+    hidden = column(x)
+    assert hidden.shape == (4, 6, 7)  # one gathered tensor, as the Dense hands on
+    np.testing.assert_allclose(row(hidden), expected, **FORWARD)
+    assert [k.shape for k in column.kernels] == [(10, 4), (10, 3)]
+    assert [k.shape for k in row.kernels] == [(4, 5), (3, 5)]
+    for split, dense in ((column, first), (row, second)):
+        plain = split.to_plain()
+        assert type(plain) is keras.layers.Dense and plain.get_config()["activation"] == \
+            dense.get_config()["activation"]
+        for a, b in zip(plain.get_weights(), dense.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_parallel_mlp_keeps_megatrons_handoff(tp):
+    (x,) = _inputs((8, 16))
+    block = tp.ParallelMLP(12, 3, SAME)
+    block(x)
+    hidden = block.column(x)
+    assert isinstance(hidden, list) and [h.shape for h in hidden] == [(8, 6), (8, 6)]
+    w = block.dense_weights()
+    np.testing.assert_allclose(block(x), np.maximum(x @ w[0] + w[1], 0) @ w[2] + w[3],
+                               **FORWARD)
+
+
+def test_clone_function_and_gather_model_round_trip(tp):
+    import keras
+
+    from tfdist.model_parallel import placement
+
+    tokens = keras.Input((6, 8), name="tokens")
+    h = keras.layers.MultiHeadAttention(2, 4, name="attn")(tokens, tokens)
+    h = keras.layers.Dense(16, activation="relu", name="ffn_in")(h)
+    h = keras.layers.Dense(8, name="ffn_out")(h)
+    model = keras.Model(tokens, keras.layers.Dense(3, name="logits")(h))
+    roles = tp.feed_forward_pairs(model)
+    assert roles == {"ffn_in": "column", "ffn_out": "row"}
+    split = keras.models.clone_model(model,
+                                     clone_function=tp.tensor_parallel_clone_function(SAME, roles))
+    tp.copy_weights(model, split)
+    kinds = {layer.name: type(layer).__name__ for layer in split.layers}
+    assert kinds == {"tokens": "InputLayer", "attn": "HeadParallelAttention",
+                     "ffn_in": "ColumnParallelDense", "ffn_out": "RowParallelDense",
+                     "logits": "Dense"}
+    assert split.get_layer("logits")._tfdist_device == "/cpu:0"  # placed on devices[0]
+    (x,) = _inputs((2, 6, 8))
+    np.testing.assert_allclose(split(x), model(x), **FORWARD)
+    assert [r[1] for r in placement.placement_rows(split.layers[1:])] == ["CPU:0"] * 4
+    plain = tp.gather_model(split)
+    assert {type(layer).__module__.split(".")[0] for layer in plain.layers} == {"keras"}
+    for a, b in zip(plain.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert tp.gather_model(model) is model  # nothing to gather
+
+
+def test_unsupported_features_are_refused_naming_the_layer(tp):
+    import keras
+
+    q = _inputs((2, 3, 8))[0]
+    classes = tp.layer_classes()
+    dropout = keras.layers.MultiHeadAttention(2, 4, dropout=0.1, name="drop_attn")
+    dropout(q, q)
+    with pytest.raises(ValueError, match="cannot replace layer 'drop_attn': it has attention "
+                                         "dropout"):
+        classes["HeadParallelAttention"].from_layer(dropout, SAME)
+    with pytest.raises(ValueError, match="cannot split 1 head"):
+        classes["HeadParallelAttention"](1, 4, SAME)
+    constrained = keras.layers.Dense(4, kernel_constraint="non_neg", name="pos")
+    constrained(q)
+    with pytest.raises(ValueError, match="'pos': it has a kernel constraint"):
+        classes["ColumnParallelDense"].from_layer(constrained, SAME)
