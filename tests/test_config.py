@@ -165,6 +165,9 @@ def _info(**env):
      "--ps-shards applies only to --strategy parameter_server; this run uses --strategy mirrored"),
     (["--strategy", "shm", "--placement", "a=/cpu:0"], {},
      "--placement applies only to --strategy model_parallel, pipeline;"),
+    (["--strategy", "mirrored", "--devices", "2", "--tensor-parallel", "2"], {},
+     "--tensor-parallel applies only to --strategy model_parallel, pipeline; this run uses "
+     "--strategy mirrored."),
 ])
 def test_options_that_do_not_apply_are_refused(argv, strategy_env, message):
     cfg = config.merge({}, argv, "recipe r")

@@ -140,11 +140,20 @@ def test_tensor_parallel_layers_replace_the_plain_ones_with_shards_on_their_devi
     assert two["self_attn/key_kernel_1"] == "CPU:1"
     assert (two["ffn_in/kernel_0"], two["ffn_in/kernel_1"], two["head/kernel"]) == (
         "CPU:2", "CPU:3", "CPU:2")
-    table = {row[0]: row[1] for row in report["pptp_table"]}
-    assert table["self_attn"] == "CPU:0,CPU:1" and table["ffn_out"] == "CPU:2,CPU:3"
-    assert table["self_add"] == "CPU:0" and table["head"] == "CPU:2"
-    # The traced train step multiplies on both shards' devices.
-    assert report["tp_product_devices"] == ["CPU:0", "CPU:1"]
+    table = {}  # a row per layer and device: each shard counted where it lives
+    for layer, device, params, _ in report["pptp_table"]:
+        table.setdefault(layer, {})[device] = params
+    # 4 heads of 4 over 2 devices: 16 x 2 x 4 per q/k/v kernel, 2 x 4 x 16 output rows.
+    assert table["self_attn"] == {"CPU:0": 3 * (16 * 8 + 8) + 8 * 16 + 16,
+                                  "CPU:1": 3 * (16 * 8 + 8) + 8 * 16}
+    assert table["ffn_out"] == {"CPU:2": 16 * 16 + 16, "CPU:3": 16 * 16}
+    assert table["self_add"] == {"CPU:0": 0} and table["head"] == {"CPU:2": 272}
+    # The traced train step multiplies on both shards' devices, forward and backward: the
+    # head (a plain Dense on CPU:0) has 1 product forward and 2 backward more than CPU:1.
+    forward, backward = report["tp_products"]["forward"], report["tp_products"]["backward"]
+    assert set(forward) == set(backward) == {"CPU:0", "CPU:1"}
+    assert forward["CPU:0"] - forward["CPU:1"] == 1 and forward["CPU:1"] >= 8
+    assert backward["CPU:0"] - backward["CPU:1"] == 2 and backward["CPU:1"] >= 16
 
 
 def test_tensor_parallel_model_saves_gathered_as_plain_keras(worker):

@@ -178,3 +178,49 @@ def test_unsupported_features_are_refused_naming_the_layer(tp):
     constrained(q)
     with pytest.raises(ValueError, match="'pos': it has a kernel constraint"):
         classes["ColumnParallelDense"].from_layer(constrained, SAME)
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_gradients_equal_the_plain_layers_gradients(tp, kind):
+    # Each shard's backward is its own tape's (so it runs on the shard's device); one
+    # tensor given as query, key and value must still get each use's gradient once.
+    import keras
+    import tensorflow as tf
+
+    q, kv = _inputs((2, 5, 8), (2, 4, 8))
+    mha = keras.layers.MultiHeadAttention(2, 4, name="a")
+    dense = keras.layers.Dense(6, activation="relu")
+    out = keras.layers.Dense(8)
+    value = q if kind == "self" else kv
+    mha(q, value), out(dense(q))
+    classes = tp.layer_classes()
+    split = [classes["HeadParallelAttention"].from_layer(mha, SAME),
+             classes["ColumnParallelDense"].from_layer(dense, SAME),
+             classes["RowParallelDense"].from_layer(out, SAME)]
+
+    def grads(attn, first, second):
+        x, v = tf.constant(q), tf.constant(value) if kind == "cross" else None
+        with tf.GradientTape() as tape:
+            tape.watch([x] + ([v] if v is not None else []))
+            h = attn(x, v if v is not None else x, use_causal_mask=kind == "self")
+            loss = tf.reduce_sum(second(first(h)) ** 2)
+        sources = [x] + ([v] if v is not None else [])
+        variables = [w for layer in (attn, first, second) for w in layer.trainable_weights]
+        g = tape.gradient(loss, [*sources, *variables])
+        return g[:len(sources)], g[len(sources):]
+
+    (x_plain, w_plain), (x_split, w_split) = grads(mha, dense, out), grads(*split)
+    for a, b in zip(x_split, x_plain):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # The shards' gradients, gathered as their weights are, are the plain ones.
+    flat, k = [], 0
+    for layer in split:
+        n = len(layer.trainable_weights)
+        shadow = {id(v): g for v, g in zip(layer.trainable_weights, w_split[k:k + n])}
+        k += n
+        for group, axis in layer._plain_groups():
+            parts = [shadow[id(v)].numpy() for v in group]
+            flat.append(parts[0] if axis is None else np.concatenate(parts, axis=axis))
+    assert len(flat) == len(w_plain)
+    for a, b in zip(flat, w_plain):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -108,6 +108,11 @@ def _cfg(*argv):
     (["--strategy", "pipeline", "--microbatches", "5"], LOCAL, ConfigError, "microbatches"),
     (["--strategy", "model_parallel", "--placement", "nonsense"], LOCAL, ConfigError,
      "placement"),
+    (["--strategy", "model_parallel", "--devices", "3", "--tensor-parallel", "2"], LOCAL,
+     ConfigError, "--tensor-parallel 2 needs --devices P*2 (P stages of 2 devices each). "
+     "Received: --devices 3."),
+    (["--strategy", "pipeline", "--devices", "4", "--tensor-parallel", "2", "--placement",
+      "a=/cpu:0"], LOCAL, ConfigError, "Drop --placement"),
     (["--strategy", "multi_worker", "--global-batch-size", "63"],
      _tf_config(["127.0.0.1:1", "127.0.0.1:2"]), ConfigError, "not divisible"),
     (["--warmup-epochs", "1"], LOCAL, ConfigError,
@@ -133,6 +138,10 @@ def test_multi_worker_refuses_its_own_busy_port_before_tensorflow():
 def test_options_that_apply_pass_the_same_checks():
     trainer.check_before_tensorflow(_cfg("--strategy", "mirrored", "--devices", "2"), LOCAL)
     trainer.check_before_tensorflow(_cfg("--strategy", "pipeline", "--microbatches", "4"), LOCAL)
+    trainer.check_before_tensorflow(_cfg("--strategy", "model_parallel", "--devices", "2",
+                                         "--tensor-parallel", "2"), LOCAL)
+    trainer.check_before_tensorflow(_cfg("--strategy", "pipeline", "--devices", "4",
+                                         "--tensor-parallel", "2", "--microbatches", "2"), LOCAL)
 
 
 def test_every_loop_kind_is_one_implementation_of_the_loop_interface():

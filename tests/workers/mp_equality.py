@@ -164,8 +164,12 @@ def tensor_parallel_checks(out_dir, arrays, report):
     step = tf.function(one.train_step).get_concrete_function(
         ((tf.TensorSpec((16, 6, 16), tf.float32), tf.TensorSpec((16, 5, 12), tf.float32)),
          tf.TensorSpec((16, 6, 16), tf.float32)))
-    report["tp_product_devices"] = sorted({op.device[-5:] for op in step.graph.get_operations()
-                                           if op.type in ("MatMul", "BatchMatMulV2", "Einsum")})
+    products = {"forward": {}, "backward": {}}
+    for op in step.graph.get_operations():
+        if op.type in ("MatMul", "BatchMatMulV2", "Einsum"):
+            side = products["backward" if op.name.startswith("gradient_tape/") else "forward"]
+            side[op.device[-5:]] = side.get(op.device[-5:], 0) + 1
+    report["tp_products"] = products
     for name, model in (("attn_plain", plain), ("attn_tp", tp.gather_model(one.inner)),
                         ("attn_pptp", tp.gather_model(two.inner))):
         for v in model.weights:

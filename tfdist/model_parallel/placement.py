@@ -136,15 +136,26 @@ def variable_device(variable) -> str:
 
 
 def placement_rows(layers) -> list[tuple[str, str, int, int]]:
-    """(layer, device, parameters, bytes) per layer, the device read from its variables."""
+    """(layer, device, parameters, bytes) per layer and device, read from its variables.
+
+    A tensor-parallel layer has a row per device holding its shards (in the
+    order its variables were made), so the per-device totals count each
+    shard where it lives; a layer without weights has one row, its placed
+    device or "-".
+    """
     import numpy as np
 
     rows = []
     for layer in layers:
-        devices = sorted({short_name(variable_device(v)) for v in layer.weights})
-        placed = getattr(layer, "_tfdist_device", None)
-        device = ",".join(devices) if devices else (short_name(placed) if placed else "-")
-        params = sum(int(np.prod(v.shape)) for v in layer.weights)
-        nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in layer.weights)
-        rows.append((layer.name, device, params, nbytes))
+        per_device: dict[str, list[int]] = {}
+        for v in layer.weights:
+            size = int(np.prod(v.shape))
+            entry = per_device.setdefault(short_name(variable_device(v)), [0, 0])
+            entry[0] += size
+            entry[1] += size * np.dtype(v.dtype).itemsize
+        if not per_device:
+            placed = getattr(layer, "_tfdist_device", None)
+            rows.append((layer.name, short_name(placed) if placed else "-", 0, 0))
+        rows.extend((layer.name, device, params, nbytes)
+                    for device, (params, nbytes) in per_device.items())
     return rows

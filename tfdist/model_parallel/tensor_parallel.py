@@ -8,6 +8,9 @@ are added (the all-reduce; here a sum on the first device). `ParallelMLP`
 chains the two, so an MLP block needs one reduction forward and one backward,
 and each device holds 1/N of its parameters.
 
+Each shard's forward and backward run on its device (`on_device`: a custom
+gradient, since a GradientTape builds gradients where it is asked for them).
+
 `HeadParallelAttention` does the same for keras.layers.MultiHeadAttention:
 device i holds the query/key/value kernels of its heads (column-parallel,
 the (d, heads, head_dim) kernels split along heads) and their rows of the
@@ -61,6 +64,35 @@ def _classes():
             return cache["full"][index]
 
         return init
+
+    def on_device(device, fn, *xs):
+        """fn(*xs) with its forward and its backward ops on `device`.
+
+        A GradientTape builds each op's gradient under the device scope of
+        the `gradient` call (a stage's first device, in the pipeline), not
+        where the op ran; this custom gradient takes the shard's own tape's
+        gradient under `device`, so each shard's backward runs beside its
+        forward. `xs` are the floating inputs to differentiate; `fn` may read
+        variables and close over other tensors (masks).
+        """
+        @tf.custom_gradient
+        def run(*inputs):
+            with tf.device(device), tf.GradientTape() as tape:
+                tape.watch(inputs)
+                # One copy per argument: self-attention passes one tensor as query, key
+                # and value, and each must get only its own part of the gradient.
+                copies = [tf.identity(x) for x in inputs]
+                y = fn(*copies)
+
+            def grad(dy, variables=None):
+                variables = list(variables or [])
+                with tf.device(device):
+                    g = tape.gradient(y, [*copies, *variables], output_gradients=dy)
+                return g[:len(inputs)], g[len(inputs):]
+
+            return y, grad
+
+        return run(*xs)
 
     def serialize_init(initializer):
         return keras.initializers.serialize(keras.initializers.get(initializer))
@@ -177,13 +209,15 @@ def _classes():
                                                      0, a, b)))
 
         def call(self, x):
-            outs = []
-            for i, device in enumerate(self.devices):
-                with tf.device(device):
+            def shard(i):
+                def fn(x):
                     y = ops.matmul(x, self.kernels[i])
                     if self.use_bias:
                         y = ops.add(y, self.biases[i])
-                    outs.append(self.activation(y))
+                    return self.activation(y)
+                return fn
+
+            outs = [on_device(device, shard(i), x) for i, device in enumerate(self.devices)]
             if not self.gather_output:
                 return outs
             with tf.device(self.devices[0]):  # the all-gather Megatron's handoff avoids
@@ -284,15 +318,16 @@ def _classes():
                                                 initializer=self.bias_initializer)
 
         def call(self, xs):
-            partials = []
-            for i, device in enumerate(self.devices):
-                with tf.device(device):
-                    if self.input_is_parallel:
-                        x = xs[i]
-                    else:
+            def shard(i):
+                def fn(x):
+                    if not self.input_is_parallel:
                         a, b = self.input_bounds[i]
-                        x = xs[..., a:b]
-                    partials.append(ops.matmul(x, self.kernels[i]))
+                        x = x[..., a:b]
+                    return ops.matmul(x, self.kernels[i])
+                return fn
+
+            partials = [on_device(device, shard(i), xs[i] if self.input_is_parallel else xs)
+                        for i, device in enumerate(self.devices)]
             with tf.device(self.devices[0]):  # the all-reduce of Megatron's row-parallel layer
                 y = tf.add_n(partials)
                 if self.use_bias:
@@ -359,8 +394,9 @@ def _classes():
         (row-parallel: (heads, head_dim, d) split along heads). It projects,
         attends and projects back its heads alone; the partial outputs are
         summed once on the first device (the forward all-reduce) and the
-        output bias, held once there, is added. The backward all-reduce (of
-        the input's gradient) is autodiff summing each device's contribution.
+        output bias, held once there, is added. Each device's backward runs
+        on it too (`on_device`); the backward all-reduce (of the input's
+        gradient) is autodiff summing each device's contribution.
         Per head the computation is MultiHeadAttention's own
         (`keras.ops.dot_product_attention` with its scale and masks), so the
         two differ only in the order the heads' outputs are summed.
@@ -434,7 +470,7 @@ def _classes():
 
         def _mask(self, query, value, query_mask, value_mask, key_mask, attention_mask,
                   use_causal_mask):
-            """MultiHeadAttention's (B, T, S) boolean mask from the Keras masks and the causal one."""
+            """MultiHeadAttention's (B, T, S) boolean mask: Keras masks and causal one."""
             masks = []
             if query_mask is not None:
                 masks.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))
@@ -473,19 +509,22 @@ def _classes():
                         mask = ops.expand_dims(mask, axis=-3)
                     mask = ops.cast(mask, "bool")
             scale = 1.0 / math.sqrt(float(self.key_dim))
-            partials = []
-            for device, shard in zip(self.devices, self.shards):
-                with tf.device(device):
+            def heads(shard):
+                def fn(*inputs):
                     projected = {}
-                    for proj, x in (("query", query), ("key", key), ("value", value)):
+                    for proj, x in zip(("query", "key", "value"), inputs):
                         y = ops.einsum("abc,cde->abde", x, shard[f"{proj}_kernel"])
                         if self.use_bias:
                             y = ops.add(y, shard[f"{proj}_bias"])
                         projected[proj] = y
-                    heads = ops.dot_product_attention(
+                    out = ops.dot_product_attention(
                         projected["query"], projected["key"], projected["value"], mask=mask,
                         scale=scale, is_causal=causal_only)
-                    partials.append(ops.einsum("abcd,cde->abe", heads, shard["output_kernel"]))
+                    return ops.einsum("abcd,cde->abe", out, shard["output_kernel"])
+                return fn
+
+            partials = [on_device(device, heads(shard), query, key, value)
+                        for device, shard in zip(self.devices, self.shards)]
             with tf.device(self.devices[0]):  # the forward all-reduce of the heads' outputs
                 y = tf.add_n(partials) if len(partials) > 1 else partials[0]
                 return ops.add(y, self.output_bias) if self.use_bias else y
