@@ -224,3 +224,20 @@ def test_gradients_equal_the_plain_layers_gradients(tp, kind):
     assert len(flat) == len(w_plain)
     for a, b in zip(flat, w_plain):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_split_with_tensor_parallel_refuses_per_variable_clipnorm(tp):
+    import keras
+
+    from tfdist.model_parallel import pipeline
+
+    tokens = keras.Input((4, 8))
+    h = keras.layers.Dense(16, activation="relu", name="ffn_in")(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(8, name="ffn_out")(h))
+    split = pipeline.split(model, SAME, tensor_parallel=2)
+    assert [type(layer).__name__ for layer in split.pipeline_layers] == [
+        "ColumnParallelDense", "RowParallelDense"]
+    split.compile(optimizer=keras.optimizers.Adam(global_clipnorm=1.0), loss="mse")  # global: fine
+    with pytest.raises(ConfigError, match=r"clipnorm=1.0\), but tensor-parallel layers "
+                                          r"\('ffn_in' and 1 more\)"):
+        split.compile(optimizer=keras.optimizers.Adam(clipnorm=1.0), loss="mse")

@@ -92,6 +92,26 @@ def _model_class():
                 for stage in self.stage_layers]
             self.built = True
 
+        def compile(self, *args, **kwargs):
+            """Keras's compile; refuses per-variable `clipnorm` on tensor-parallel layers.
+
+            Raises:
+                ConfigError: `clipnorm` would clip each shard by its own norm.
+            """
+            super().compile(*args, **kwargs)
+            from tfdist.model_parallel import tensor_parallel
+
+            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+            split = [layer.name for layer in self.pipeline_layers
+                     if tensor_parallel.is_tensor_parallel(layer)]
+            if getattr(inner, "clipnorm", None) and split:
+                raise ConfigError(
+                    f"The optimizer clips each variable by its own norm (clipnorm="
+                    f"{inner.clipnorm}), but tensor-parallel layers ({split[0]!r} and "
+                    f"{len(split) - 1} more) hold each weight as shards, so each shard would "
+                    "be clipped alone. Use global_clipnorm (tfdist's --clipnorm is global), "
+                    "or no tensor parallelism.")
+
         def stage(self, s):
             """The layers of stage `s`."""
             return self.stage_layers[s]
