@@ -241,3 +241,17 @@ def test_split_with_tensor_parallel_refuses_per_variable_clipnorm(tp):
     with pytest.raises(ConfigError, match=r"clipnorm=1.0\), but tensor-parallel layers "
                                           r"\('ffn_in' and 1 more\)"):
         split.compile(optimizer=keras.optimizers.Adam(clipnorm=1.0), loss="mse")
+
+
+def test_keras_masks_of_the_inputs_are_honoured_as_multi_head_attention_does(tp):
+    import keras
+
+    tokens = np.array([[3, 4, 0, 0, 0], [5, 6, 7, 8, 0]], "int32")
+    embed = keras.layers.Embedding(10, 8, mask_zero=True)
+    mha = keras.layers.MultiHeadAttention(2, 4)
+    x = embed(tokens)
+    expected = mha(x, x)
+    split = tp.layer_classes()["HeadParallelAttention"].from_layer(mha, SAME)
+    np.testing.assert_allclose(split(embed(tokens), embed(tokens)), expected, **FORWARD)
+    unmasked = mha(keras.ops.convert_to_tensor(x.numpy()), keras.ops.convert_to_tensor(x.numpy()))
+    assert np.abs(np.asarray(unmasked) - np.asarray(expected)).max() > 1e-3  # the mask mattered
