@@ -36,6 +36,10 @@ Launch:
     python -m tfdist.train numbers_to_words --precision mixed_float16
     python -m tfdist.train numbers_to_words --strategy mirrored --devices 2
     python -m tfdist.launch -n 2 -- python -m tfdist.train numbers_to_words --strategy multi_worker
+    python -m tfdist.train numbers_to_words --strategy model_parallel --devices 2 \\
+        --tensor-parallel 2                    # one stage, split by heads over 2 devices
+    python -m tfdist.train numbers_to_words --strategy pipeline --devices 4 --tensor-parallel 2 \\
+        --microbatches 4                       # 2 stages, each split by heads over 2 devices
     python -m tfdist.train numbers_to_words --max-digits 4 --d-model 32 --ff-width 64 \\
         --num-train 2000 --num-test 200 --epochs 3 --warmup-steps 20   # seconds
 """
