@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -33,6 +34,44 @@ def no_env_leaks():
         else:
             del os.environ[k]
     assert not changed, f"test leaked environment variables: {sorted(changed)}"
+
+
+# Every way a test could start a process from Python: subprocess, a bare fork or
+# spawn, and multiprocessing's helpers (its resource tracker, which
+# shared_memory starts, goes through spawnv_passfds, not subprocess).
+_PROCESS_STARTERS = ((subprocess.Popen, "__init__"), (os, "fork"), (os, "posix_spawn"),
+                     (os, "posix_spawnp"), (os, "system"),
+                     (multiprocessing.util, "spawnv_passfds"))
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_starts_no_process(request):
+    """Fails a test outside the `integration` tier that starts a process.
+
+    The fast tier (`pytest -m "not integration"`) is for every edit: it must
+    start no worker, launcher or interpreter. Mark such a test integration.
+    """
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            f"a test outside the integration tier started a process: {args[1:2] or args!r}. "
+            "Mark it @pytest.mark.integration (the fast tier starts none).")
+
+    # Patched by hand, not with monkeypatch: autouse fixtures are set up in name
+    # order, so a monkeypatch taken here would be set up before no_env_leaks and
+    # undo a test's setenv only after no_env_leaks had reported it as a leak.
+    originals = [(owner, name, getattr(owner, name)) for owner, name in _PROCESS_STARTERS
+                 if hasattr(owner, name)]
+    for owner, name, _ in originals:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def clean_env(**extra) -> dict:

@@ -192,6 +192,7 @@ def test_options_that_apply_are_accepted(defaults, argv, env):
         cfg["strategy"], _info(**env), cfg["devices"] or None))
 
 
+@pytest.mark.integration
 def test_config_layer_imports_no_tensorflow():
     code = ("import sys; from tfdist import config, recipe; "
             "config.merge(recipe.load('digits_mlp').DECLARED, ['--epochs', '2'], 'r'); "

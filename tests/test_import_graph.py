@@ -221,6 +221,7 @@ def test_the_old_circle_is_gone_even_counting_function_level_imports():
     assert "tfdist.trainer" not in every and "tfdist.run_types" in every
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("module", ["tfdist.trainer", "tfdist.ps", "tfdist.ps.coordinator",
                                     "tfdist.run_types", "tfdist.loop", "tfdist.strategies",
                                     "tfdist.config", "tfdist.train"])

@@ -20,6 +20,7 @@ def test_free_ports_are_distinct_loopback_ports():
     assert len(set(ports)) == 4 and all(1024 <= p < 65536 for p in ports)
 
 
+@pytest.mark.integration
 def test_each_worker_gets_its_tf_config_and_prefixed_output():
     code = ("import os, json; c = json.loads(os.environ['TF_CONFIG']); "
             "print('index', c['task']['index'], 'of', len(c['cluster']['worker']))")
@@ -38,6 +39,7 @@ def test_core_sets_are_disjoint_even_shares():
         launch.core_sets([], 2)
 
 
+@pytest.mark.integration
 def test_cpu_bind_cores_gives_each_worker_its_own_share():
     import os
 
@@ -56,6 +58,7 @@ def test_cpu_bind_cores_gives_each_worker_its_own_share():
     assert proc.returncode == 2 and "--cpu-bind applies to -n and --hosts workers" in proc.stderr
 
 
+@pytest.mark.integration
 def test_failing_worker_stops_the_others_and_is_named():
     code = ("import os, json, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
             "sys.exit(7) if i == 1 else time.sleep(60)")
@@ -65,6 +68,7 @@ def test_failing_worker_stops_the_others_and_is_named():
         proc.stderr)
 
 
+@pytest.mark.integration
 def test_killed_worker_is_reported_by_signal():
     code = ("import os, json, signal, time; "
             "i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
@@ -73,12 +77,14 @@ def test_killed_worker_is_reported_by_signal():
     assert proc.returncode == 1 and "worker 0 failed (killed by SIGKILL)" in proc.stderr
 
 
+@pytest.mark.integration
 def test_timeout():
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "1", "--", sys.executable, "-c",
                    "import time; time.sleep(60)"], timeout=40)
     assert proc.returncode == 124 and "timed out after 1s" in proc.stderr
 
 
+@pytest.mark.integration
 def test_usage_errors():
     proc = run_py(["-m", "tfdist.launch", "-n", "2"], timeout=30)
     assert proc.returncode == 2 and "no COMMAND given after '--'" in proc.stderr
@@ -86,6 +92,7 @@ def test_usage_errors():
     assert proc.returncode == 2 and "-n must be >= 1. Received: 0." in proc.stderr
 
 
+@pytest.mark.integration
 def test_max_restarts_relaunches_all_workers(tmp_path):
     marker = tmp_path / "failed-once"
     code = ("import os, json, sys, pathlib; "
@@ -101,6 +108,7 @@ def test_max_restarts_relaunches_all_workers(tmp_path):
     assert "[worker 0] run ok 0" in proc.stdout and "[worker 1] run ok 1" in proc.stdout
 
 
+@pytest.mark.integration
 def test_restarts_run_out_and_config_errors_are_not_retried():
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--max-restarts", "2", "--", sys.executable,
                    "-c", "import sys; sys.exit(9)"], timeout=60)
@@ -110,6 +118,7 @@ def test_restarts_run_out_and_config_errors_are_not_retried():
     assert proc.returncode == 2 and "restarting" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_min_workers_goes_on_without_a_worker_that_cannot_come_back():
     # Worker 2 always fails: after 2 restarts the launcher goes on with workers 0 and 1.
     code = ("import os, json, sys; t = json.loads(os.environ['TF_CONFIG']); "
@@ -133,6 +142,7 @@ def test_min_workers_goes_on_without_a_worker_that_cannot_come_back():
                                      "Received: --min-workers 3 with -n 2") in proc.stderr
 
 
+@pytest.mark.integration
 def test_log_dir_writes_one_unprefixed_file_per_worker(tmp_path):
     code = ("import os, json, sys; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
             "print('out', i); print('err', i, file=sys.stderr)")
@@ -147,6 +157,7 @@ def test_log_dir_writes_one_unprefixed_file_per_worker(tmp_path):
             f"err {i}", f"out {i}"]
 
 
+@pytest.mark.integration
 def test_help_documents_n_and_the_command_separator():
     proc = run_py(["-m", "tfdist.launch", "--help"], timeout=30)
     text = " ".join(proc.stdout.split())  # argparse wraps to the terminal width
@@ -155,6 +166,7 @@ def test_help_documents_n_and_the_command_separator():
     assert "Everything after '--' is COMMAND" in text and "--log-dir" in text
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("code, word", [(75, "preempted"), (4, "lost peer"), (130, "interrupted")])
 def test_tfdist_statuses_are_reported_by_name_and_passed_on(code, word):
     script = ("import os, json, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
@@ -191,6 +203,7 @@ def _process_states(pid: int) -> str:
     return "; ".join(describe(p) for p in [pid, *sorted(children)])
 
 
+@pytest.mark.integration
 def test_sigint_waits_for_workers_to_save_and_reports_each():
     import signal
     import subprocess
@@ -239,6 +252,7 @@ def test_tf_configs_across_hosts_name_each_hosts_address():
                               "task": {"type": "ps", "index": 0}})
 
 
+@pytest.mark.integration
 def test_hosts_flags_are_checked_before_any_ssh():
     for args, msg in ((["--hosts", "h0:2", "-n", "2"], "-n N is for workers on this machine"),
                       (["--hosts", "h0:1,h0:1"], "lists 'h0' twice"),
@@ -249,6 +263,7 @@ def test_hosts_flags_are_checked_before_any_ssh():
         assert proc.returncode == 2 and msg in proc.stderr, (args, proc.stderr)
 
 
+@pytest.mark.integration
 def test_after_a_failure_a_worker_that_ignores_sigterm_is_killed_without_the_full_grace():
     # Worker 0 ignores SIGTERM, as one stuck in a collective or in TensorFlow's start-up
     # does; worker 1 fails. The survivor cannot save without its peer, so the launcher

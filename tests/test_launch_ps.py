@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from tests.conftest import run_py
 
 from tfdist import launch
@@ -29,6 +31,7 @@ def test_ps_tf_configs_roles_and_addresses():
     assert configs[3][1]["task"] == {"type": "ps", "index": 0}
 
 
+@pytest.mark.integration
 def test_job_ends_with_the_chief_and_servers_are_stopped():
     proc = _launch({"chief 0": "wait:1:0"})
     assert proc.returncode == 0, proc.stderr
@@ -36,6 +39,7 @@ def test_job_ends_with_the_chief_and_servers_are_stopped():
         assert f"[{role}] role {role.replace('chief', 'chief 0')}" in proc.stdout
 
 
+@pytest.mark.integration
 def test_dead_worker_is_reported_and_the_job_goes_on():
     proc = _launch({"worker 1": "exit:9", "chief 0": "wait:3:0"})
     assert proc.returncode == 0, proc.stderr
@@ -43,6 +47,7 @@ def test_dead_worker_is_reported_and_the_job_goes_on():
             "on the other workers and the job goes on.") in proc.stderr
 
 
+@pytest.mark.integration
 def test_dead_ps_and_failed_chief_fail_the_job():
     proc = _launch({"ps 0": "exit:1", "chief 0": "wait:2:3"})
     assert proc.returncode == 1
@@ -50,12 +55,14 @@ def test_dead_ps_and_failed_chief_fail_the_job():
     assert "tfdist.launch: chief failed (exit code 3); stopping the servers." in proc.stderr
 
 
+@pytest.mark.integration
 def test_all_workers_gone_stops_the_job():
     proc = _launch({"worker 0": "exit:1", "worker 1": "exit:1"})
     assert proc.returncode == 1
     assert "all 2 worker(s) have exited; nothing is left to train on" in proc.stderr
 
 
+@pytest.mark.integration
 def test_ps_usage_errors():
     proc = run_py(["-m", "tfdist.launch", "--ps", "1", "--", "true"], timeout=30)
     assert proc.returncode == 2 and "--ps and --workers go together" in proc.stderr

@@ -27,6 +27,7 @@ def _holder(path, seconds):
     return proc
 
 
+@pytest.mark.integration
 def test_second_holder_is_refused_naming_the_first(tmp_path):
     holder = _holder(tmp_path, 60)
     try:
@@ -40,6 +41,7 @@ def test_second_holder_is_refused_naming_the_first(tmp_path):
         holder.wait()
 
 
+@pytest.mark.integration
 def test_killed_holders_lock_is_taken_over(tmp_path):
     holder = _holder(tmp_path, 60)
     holder.send_signal(signal.SIGKILL)
@@ -56,6 +58,7 @@ def test_killed_holders_lock_is_taken_over(tmp_path):
         assert lock.previous is None and not logs
 
 
+@pytest.mark.integration
 def test_lock_released_when_the_holder_ends(tmp_path):
     holder = _holder(tmp_path, 0.5)
     assert holder.stdout.readline().strip() == "released"

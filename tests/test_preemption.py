@@ -3,6 +3,8 @@
 import signal
 import textwrap
 
+import pytest
+
 from tests.conftest import run_py
 
 SCRIPT = textwrap.dedent("""
@@ -20,6 +22,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_second_interrupt_stops_at_once_but_a_duplicate_does_not():
     proc = run_py(["-c", SCRIPT, "0.6"], timeout=30)
     assert "requested True interrupted True" in proc.stdout

@@ -153,6 +153,7 @@ def build_dataset(cfg, split):
 """
 
 
+@pytest.mark.integration
 def test_bad_recipe_returns_are_named_errors(tmp_path):
     from tests.conftest import run_py
 

@@ -65,6 +65,7 @@ def _finish(p):
     return out, err
 
 
+@pytest.mark.integration
 def test_remote_command_sets_cwd_and_env_and_quotes_everything(tmp_path):
     code = "import os, sys; print(os.getcwd(), os.environ['A'], os.environ.get('HOME'), sys.argv[1:])"
     p = _run_locally([sys.executable, "-c", code, "it's", "$HOME", "a b"],
@@ -74,12 +75,14 @@ def test_remote_command_sets_cwd_and_env_and_quotes_everything(tmp_path):
     assert out == f"{tmp_path} x y 'z' {os.environ.get('HOME')} [\"it's\", '$HOME', 'a b']\n"
 
 
+@pytest.mark.integration
 def test_remote_command_fails_clearly_without_the_directory(tmp_path):
     p = _run_locally(["true"], {}, str(tmp_path / "missing"))
     _, err = _finish(p)
     assert p.returncode == 2 and "no directory" in err
 
 
+@pytest.mark.integration
 def test_exit_status_and_signal_death_come_back():
     p = _run_locally([sys.executable, "-c", "import sys; sys.exit(7)"], {}, "/")
     _finish(p)
@@ -94,6 +97,7 @@ def _started(p):
     assert line == "ready\n", p.stderr.read()
 
 
+@pytest.mark.integration
 def test_signal_names_on_stdin_are_forwarded():
     code = ("import signal, sys, time\n"
             "signal.signal(signal.SIGINT, lambda n, f: (print('INT', flush=True), sys.exit(3)))\n"
@@ -119,6 +123,7 @@ def test_forward_signal_writes_the_name_and_shell_status_maps_signals():
     assert [remote.shell_status(rc) for rc in (0, 4, -15, -9)] == [0, 4, 143, 137]
 
 
+@pytest.mark.integration
 def test_closed_stdin_stops_the_worker_and_its_children(tmp_path):
     pidfile = tmp_path / "child"
     code = ("import subprocess, sys, time\n"

@@ -53,6 +53,7 @@ def test_benchmark_knobs_are_the_benchs_own_registered_options():
         trainer.check_before_tensorflow(cfg, detect({}))
 
 
+@pytest.mark.integration
 def test_the_framework_alone_does_not_know_the_benchmark_knobs():
     import subprocess
     import sys

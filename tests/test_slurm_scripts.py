@@ -8,6 +8,9 @@ import pytest
 
 from tests.conftest import REPO
 
+# Every test here runs a batch script or a process it starts.
+pytestmark = pytest.mark.integration
+
 SCRIPTS = ["horovod.sbatch", "multi_worker.sbatch", "mirrored.sbatch"]
 
 

@@ -6,6 +6,9 @@ import pytest
 
 from tests.conftest import clean_env, run_py
 
+# Every test here runs the CLI in its own interpreter.
+pytestmark = pytest.mark.integration
+
 PROBE = ("import sys; from tfdist.train import main; rc = main(sys.argv[1:]); "
          "print('TF_IMPORTED=%s' % ('tensorflow' in sys.modules)); sys.exit(rc)")
 

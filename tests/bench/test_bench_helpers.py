@@ -62,6 +62,7 @@ def test_horovod_command_shapes():
         runs.horovod_command("/v", 2, "nccl", "m", [])
 
 
+@pytest.mark.integration
 def test_bench_modules_import_no_tensorflow():
     proc = run_py(["-c", "import sys, tfdist.bench.__main__, tfdist.bench.scaling, "
                          "tfdist.bench.allreduce, tfdist.bench.overhead, tfdist.bench.comm, "

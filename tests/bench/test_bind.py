@@ -48,16 +48,19 @@ def _affinity(args, **env):
     return json.loads(proc.stdout)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("index", [0, 1])
 def test_the_command_runs_on_its_share(index):
     assert _affinity(["--share", f"{index}/2"]) == core_sets(CPUS, 2)[index]
 
 
+@pytest.mark.integration
 def test_a_horovod_rank_takes_its_local_rank_share():
     got = _affinity([], HOROVOD_RANK="1", HOROVOD_SIZE="2", HOROVOD_LOCAL_RANK="1")
     assert got == core_sets(CPUS, 2)[1]
 
 
+@pytest.mark.integration
 def test_without_a_share_or_rank_it_says_what_to_pass():
     proc = subprocess.run([sys.executable, "-m", "tfdist.bench.bind", "--", "true"],
                           capture_output=True, text=True, env=clean_env(PYTHONPATH=REPO),

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO, clean_env
 from tfdist.bench.horovod_allreduce import bus_bandwidth
 
@@ -13,6 +15,7 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert bus_bandwidth(1.0, 1) == 1.0
 
 
+@pytest.mark.integration
 def test_module_imports_no_tensorflow():
     code = ("import sys, tfdist.bench.horovod_allreduce; "
             "sys.exit('tensorflow' in sys.modules)")

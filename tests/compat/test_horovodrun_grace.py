@@ -39,6 +39,7 @@ def test_apply_refuses_a_grace_that_is_not_positive():
         horovodrun_grace.apply(-1)
 
 
+@pytest.mark.integration
 def test_without_horovod_it_says_where_to_get_it():
     proc = run_py(["-c", "import sys, tfdist.horovodrun as h; sys.modules['horovod'] = None; "
                          "sys.exit(h.main(['-np', '2', 'true']))"], timeout=60)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tfdist.hosts.__main__ import main
 
 
@@ -27,6 +29,7 @@ def test_a_cluster_that_is_not_up_says_how_to_start_it(capsys, tmp_path):
     assert "is not up" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_imports_no_tensorflow():
     from tests.conftest import run_py
 

@@ -55,6 +55,7 @@ def test_straggler_check():
         straggler.check(-1, 0, 2)
 
 
+@pytest.mark.integration
 def test_cli_without_ps_tasks_fails_before_tensorflow():
     env = clean_env(TF_CONFIG=json.dumps({"cluster": {"worker": ["127.0.0.1:2"]},
                                           "task": {"type": "worker", "index": 0}}))

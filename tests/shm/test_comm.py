@@ -98,6 +98,7 @@ def _segments(procs=None):
     return found
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("size", [2, 3])
 def test_collectives_match_numpy(tmp_path, size):
     procs = _start("collectives", size, tmp_path)
@@ -124,6 +125,7 @@ def test_collectives_match_numpy(tmp_path, size):
     assert _segments(procs) == set()
 
 
+@pytest.mark.integration
 def test_two_byte_floats_are_reduced_in_float32(tmp_path):
     procs = _start("wide", 2, tmp_path)
     outs = [p.communicate(timeout=60)[0] for p in procs]
@@ -139,6 +141,7 @@ def test_two_byte_floats_are_reduced_in_float32(tmp_path):
         np.testing.assert_array_equal(got["meanb"], [1.5, 2.5, -0.75])
 
 
+@pytest.mark.integration
 def test_dead_peer_is_an_error_not_a_hang(tmp_path):
     procs = _start("die", 2, tmp_path)
     outs = [p.communicate(timeout=60)[0] for p in procs]
@@ -146,6 +149,7 @@ def test_dead_peer_is_an_error_not_a_hang(tmp_path):
     assert "PeerLostError" in outs[0] and "rank 1 exited" in outs[0]
 
 
+@pytest.mark.integration
 def test_missing_peer_times_out_naming_it(tmp_path):
     (proc,) = _start("alone", 2, tmp_path, ranks=[0])
     out = proc.communicate(timeout=60)[0]
@@ -154,6 +158,7 @@ def test_missing_peer_times_out_naming_it(tmp_path):
     assert _segments([proc]) == set() and "leaked shared_memory" not in out
 
 
+@pytest.mark.integration
 def test_stray_connection_to_the_rendezvous_is_ignored(tmp_path):
     import socket
     import threading
@@ -184,6 +189,7 @@ def test_stray_connection_to_the_rendezvous_is_ignored(tmp_path):
     assert rank1.returncode == 0 and not errors and not t.is_alive(), (rank1.stdout, errors)
 
 
+@pytest.mark.integration
 def test_port_in_use_is_a_clear_error():
     import socket
 
@@ -194,6 +200,7 @@ def test_port_in_use_is_a_clear_error():
         assert _segments() == before  # the segment it made is gone again
 
 
+@pytest.mark.integration
 def test_mismatched_collectives_fail_on_every_rank_naming_both_calls(tmp_path):
     # The scenario: without the call records both ranks got wrong numbers.
     procs = _start("mismatch", 2, tmp_path)
@@ -216,6 +223,7 @@ def test_call_records_name_the_call():
     assert comm_lib.describe_call(rec) == "barrier #7"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("size", [2, 3])
 def test_random_collectives_match_numpy_bitwise(tmp_path, size):
     procs = _start("stress", size, tmp_path)
@@ -230,6 +238,7 @@ def _state(pid):
         return f.read().rpartition(")")[2].split()[0]
 
 
+@pytest.mark.integration
 def test_waiting_for_a_stopped_peer_sleeps(tmp_path):
     # Before the semaphores a rank polled, then slept 20 us at a time: 0.32-0.37 s of
     # CPU for this 2 s wait. Now it sleeps in the kernel, waking 20 times a second.

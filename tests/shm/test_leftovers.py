@@ -3,9 +3,12 @@
 import os
 import subprocess
 
+import pytest
+
 from tfdist.shm import comm
 
 
+@pytest.mark.integration
 def test_stale_segments_of_exited_creators_are_removed():
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -45,6 +45,7 @@ def test_communicator_before_init_says_what_to_do():
         runtime.communicator()
 
 
+@pytest.mark.integration
 def test_cli_refuses_shm_across_hosts(tmp_path):
     tf_config = {"cluster": {"worker": ["127.0.0.1:2001", "192.0.2.1:2002"]},
                  "task": {"type": "worker", "index": 0}}

@@ -33,6 +33,7 @@ def test_gpu_by_local_rank(gpus, local_rank, expected):
     assert runtime.gpu_for_local_rank(gpus, local_rank) == expected
 
 
+@pytest.mark.integration
 def test_missing_horovod_is_one_clear_error_before_tensorflow():
     # Hide horovod even where it is installed: this is the "not installed" case.
     code = ("import sys; sys.modules['horovod'] = None; from tfdist.train import main; "
