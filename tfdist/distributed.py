@@ -162,6 +162,9 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
 
     Call it first, before any TensorFlow op: the strategy (and CPU logical
     devices, thread pools) can only be set up before TensorFlow's runtime starts.
+    Best before importing TensorFlow or Keras too: it imports them with the C++
+    start-up lines hidden, which an earlier import has already printed
+    (TF_CPP_MIN_LOG_LEVEL does not hide them; tfdist.compat.tf_startup_logs).
 
     Args:
         strategy: Any `tfdist.strategies.valid_names()` name; "auto" picks

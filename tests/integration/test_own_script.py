@@ -19,7 +19,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_py, tail
+from tests.conftest import REPO, clean_env, run_py, tail
+from tfdist.compat.tf_startup_logs import is_startup_noise
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +32,18 @@ def readme_block(first_line: str) -> str:
               if b.startswith(first_line + "\n") or b.startswith(first_line + ":")]
     assert len(blocks) == 1, f"README must hold one block starting {first_line!r}"
     return blocks[0]
+
+
+def assert_no_startup_lines(proc) -> None:
+    """Fails when TensorFlow's C++ start-up lines reached the output (worker prefixes removed).
+
+    The README's scripts call tfdist.setup() before importing TensorFlow, so it
+    imports TensorFlow with those lines hidden; importing it first printed them.
+    """
+    lines = [re.sub(r"^\[worker \d+\] ", "", ln)
+             for ln in (proc.stdout + proc.stderr).splitlines()]
+    noise = [ln for ln in lines if is_startup_noise(ln)]
+    assert not noise, "TensorFlow's start-up lines were printed:\n" + "\n".join(noise)
 
 
 def _weights(path):
@@ -50,12 +63,16 @@ def test_readme_script_runs_as_printed_on_one_and_two_workers(tmp_path, name, pr
     one, two = tmp_path / "one", tmp_path / "two"
     for d in (one, two):
         d.mkdir()
-    proc = run_py([str(script)], cwd=str(one))
+    # What a person sees: no TF_CPP_MIN_LOG_LEVEL (clean_env sets one), output in a pipe.
+    env = {k: v for k, v in clean_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = run_py([str(script)], cwd=str(one), env=env)
     assert proc.returncode == 0, tail(proc)
     assert printed in proc.stdout
+    assert_no_startup_lines(proc)
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--",
-                   sys.executable, str(script)], cwd=str(two))
+                   sys.executable, str(script)], cwd=str(two), env=env)
     assert proc.returncode == 0, tail(proc)
+    assert_no_startup_lines(proc)
     chief = [ln for ln in proc.stdout.splitlines() if printed in ln]
     assert chief and all(ln.startswith("[worker 0] ") for ln in chief)  # the chief prints
     if name == "my_fit.py":
