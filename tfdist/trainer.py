@@ -278,6 +278,7 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
 
     from tfdist import callbacks as cb
     from tfdist import compat
+    from tfdist.compat.tf_startup_logs import hide_float16_notice
     from tfdist.preemption import PreemptionWatcher, default_check_steps
     from tfdist.strategies.devices import gpu_count
 
@@ -292,6 +293,8 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
         print(f"tfdist: {note}", flush=True)
     compat.apply_all()  # Keras fit/evaluate under the strategy (as build_strategy does)
     strategy = adapter.build()
+    if optim_.precision == "mixed_float16":
+        hide_float16_notice(tf, enabled=not (logs.tf_logs or console.tf_logs))
     hooks = adapter.hooks()  # e.g. ranks, input shard, optimizer wrapper, callbacks
     replicas = hooks.num_replicas(strategy)
     gbs = training.global_batch_size

@@ -52,3 +52,30 @@ def test_upstream_prints_startup_lines_at_level_3_and_import_tensorflow_hides_th
     assert "devices" in fixed.stdout
     assert "kept: a Python warning during start-up" in fixed.stderr
     assert not any(is_startup_noise(ln) for ln in fixed.stderr.splitlines()), fixed.stderr
+
+
+def _cpu_lacks_float16_instructions() -> bool:
+    """True where TensorFlow prints oneDNN's DT_HALF notice (no AVX512_FP16 or AMX-FP16)."""
+    try:
+        flags = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return False
+    return "avx512_fp16" not in flags and "amx_fp16" not in flags
+
+
+@pytest.mark.integration
+def test_mixed_float16_run_prints_no_onednn_notice_unless_tf_logs(tmp_path):
+    args = ["-m", "tfdist.train", "digits_mlp", "--precision", "mixed_float16", "--epochs", "1"]
+    # What a person sees: no TF_CPP_MIN_LOG_LEVEL of the tests' own (the CLI sets its default).
+    env = {k: v for k, v in clean_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    quiet = run_py([*args, "--model-dir", str(tmp_path / "quiet")], env=env, cwd=str(tmp_path))
+    assert quiet.returncode == 0, tail(quiet)
+    assert "tfdist: test " in quiet.stdout, tail(quiet)
+    lines = (quiet.stdout + quiet.stderr).splitlines()
+    assert not [ln for ln in lines if "DT_HALF" in ln or is_startup_noise(ln)], tail(quiet)
+
+    shown = run_py([*args, "--model-dir", str(tmp_path / "shown"), "--tf-logs"], env=env,
+                   cwd=str(tmp_path))
+    assert shown.returncode == 0, tail(shown)
+    if _cpu_lacks_float16_instructions():  # --tf-logs shows everything, this line included
+        assert "oneDNN supports DT_HALF" in shown.stderr, tail(shown)

@@ -15,6 +15,9 @@ glog-formatted INFO/WARNING/ERROR lines and absl's notice: Python warnings,
 tracebacks and fatal (F) lines still reach stderr. Nothing is filtered after
 start-up. tests/compat/test_tf_startup_logs.py shows the upstream output and
 the filtered one.
+
+`hide_float16_notice` does the same for one line printed after start-up:
+oneDNN's float16 notice (see its docstring).
 """
 
 from __future__ import annotations
@@ -81,3 +84,26 @@ def import_tensorflow(show_logs: bool = False):
 
         tf.config.list_physical_devices()  # platform initialisation: the cuInit line
     return tf
+
+
+def hide_float16_notice(tf, enabled: bool = True) -> None:
+    """Runs one float16 matmul with fd 2 filtered, so oneDNN's float16 notice is taken here.
+
+    At a process's first float16 op TensorFlow logs, once per process,
+    "E0000 ... util.cc:131] oneDNN supports DT_HALF only on platforms with
+    AVX-512. Falling back to the default Eigen-based implementation if present."
+    (tensorflow/core/util/util.cc) on a CPU without the float16 instructions
+    oneDNN wants: this machine has AVX-512 but no AVX512_FP16, so the line reads
+    as false, and under `--precision mixed_float16` it landed in epoch 1's output
+    as an error with nothing to act on. Call it after the strategy is built (an
+    op starts TensorFlow's runtime, which must not start before).
+
+    Args:
+        tf: The `tensorflow` module.
+        enabled: False (--tf-logs) runs nothing, so the line prints where it would.
+    """
+    if not enabled:
+        return
+    with filtered_stderr():
+        x = tf.ones((1, 1), tf.float16)
+        tf.matmul(x, x)
