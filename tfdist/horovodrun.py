@@ -14,6 +14,7 @@ uses it.
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = ("usage: python -m tfdist.horovodrun [--grace-s SECONDS] HOROVODRUN-ARGS...\n"
@@ -58,6 +59,10 @@ def main(argv: list[str]) -> int:
             return 2
         # horovodrun's own options follow.
     grace, rest = parse(argv)
+    # horovodrun imports TensorFlow in this process before any rank starts, and the
+    # venv's TensorFlow prints its C++ start-up lines unless told not to (as
+    # tfdist.train and tfdist.launch tell theirs); the ranks inherit it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfdist.horovod import runtime
 
     if not runtime.is_available():  # checked without importing TensorFlow

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 
@@ -225,7 +226,8 @@ def test_readme_horovodrun_command_four_ranks_gloo(venv, tmp_path):
     # Run elsewhere than the checkout and without the tests' PYTHONPATH, so tfdist is
     # found through the row's PYTHONPATH alone (from the checkout, `-m` finds it in
     # the working directory and hides a missing PYTHONPATH).
-    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+    # Nor with the tests' TF_CPP_MIN_LOG_LEVEL: a person's shell has none.
+    env = {k: v for k, v in _env().items() if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")}
     model_dir = str(tmp_path / "D")
     proc = subprocess.run([*words, "--epochs", "2", "--threads", "1", "--verbose", "0",
                            "--model-dir", model_dir], capture_output=True, text=True,
@@ -234,6 +236,11 @@ def test_readme_horovodrun_command_four_ranks_gloo(venv, tmp_path):
     assert "num_replicas=4 workers=4 source=horovod" in proc.stdout
     metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
     assert metrics["num_replicas"] == 4 and metrics["test"]["accuracy"] > 0.5
+    # TensorFlow's C++ lines, in the venv TensorFlow's format ("2026-11-24
+    # 22:16:50.584190: I tensorflow/core/util/port.cc:153] ...") or absl's.
+    cxx = re.compile(r"^(\[\d+\]<std\w+>:)?(\d{4}-\d\d-\d\d [\d:.]+: [IWE] |[IWE]\d{4} )")
+    noise = [ln for ln in (proc.stdout + proc.stderr).splitlines() if cxx.match(ln)]
+    assert not noise, "TensorFlow's C++ lines were printed:\n" + "\n".join(noise)
 
 
 def test_accumulation_and_clipping_under_horovod_equal_single(runs):
