@@ -15,10 +15,11 @@ the same math as one full batch), `fp16`, `bf16` (gradient compression) or
 `upstream` (Keras's own sparse updates: the negative control). One launched
 job pays TensorFlow's start-up once for every cell.
 
-Each worker writes OUT_DIR/worker{RANK}/{model}-{optimizer}[-{what}].npz with
-the trained weights (keys are the variables' paths), or a `.refused` file
-with the error's one line when the strategy refuses the model before
-training, and {model}.init with each model's initial weights.
+Every model of `--models` is a tower of one Keras model, so one `fit` per
+optimizer trains a whole row of cells (see `build_model`). Each worker writes
+OUT_DIR/worker{RANK}/{model}-{optimizer}[-{what}].npz with the trained
+weights of each tower (keys are the variables' paths without the model's
+prefix), and {model}.init with each model's initial weights.
 """
 
 from __future__ import annotations
@@ -54,39 +55,68 @@ def make_optimizer(name, accumulate=1):
     return optim.optimizer_classes()[name](**kwargs)
 
 
-def build_model(kind):
-    """The cell's model, from seed 0 (the same initial weights on every process)."""
+def tower(kind):
+    """(input, output) of one cell's model, its layers named KIND_..., from its own seed.
+
+    Each tower is seeded alone, so it starts from the same weights whether it
+    is trained alone or beside other towers.
+    """
     import keras
 
     keras.utils.set_random_seed(0)
+    name = lambda layer: f"{kind}_{layer}"  # noqa: E731
     if kind == "dense":
-        inputs = keras.Input((16,), name="x")
-        h = keras.layers.Dense(32, activation="relu", name="d0")(inputs)
-        h = keras.layers.Dense(32, activation="tanh", name="d1")(h)
-        return keras.Model(inputs, keras.layers.Dense(CLASSES, name="out")(h), name="dense")
-    inputs = keras.Input((SEQ,), dtype="int32", name="tokens")
-    h = keras.layers.Embedding(VOCAB, 16, name="embed")(inputs)
+        inputs = keras.Input((16,), name=name("x"))
+        h = keras.layers.Dense(32, activation="relu", name=name("d0"))(inputs)
+        h = keras.layers.Dense(32, activation="tanh", name=name("d1"))(h)
+        return inputs, keras.layers.Dense(CLASSES, name=name("out"))(h)
+    inputs = keras.Input((SEQ,), dtype="int32", name=name("tokens"))
+    h = keras.layers.Embedding(VOCAB, 16, name=name("embed"))(inputs)
     if kind == "chain":  # Embedding -> pooling (no weights) -> Dense -> Dense
-        h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
-        h = keras.layers.Dense(16, activation="relu", name="d1")(h)
-        return keras.Model(inputs, keras.layers.Dense(CLASSES, name="out")(h), name="chain")
-    a = keras.layers.MultiHeadAttention(2, 8, name="mha")(h, h)
-    h = keras.layers.LayerNormalization(name="ln")(keras.layers.Add(name="res")([h, a]))
-    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
-    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="out")(h), name="attention")
+        h = keras.layers.GlobalAveragePooling1D(name=name("pool"))(h)
+        h = keras.layers.Dense(16, activation="relu", name=name("d1"))(h)
+        return inputs, keras.layers.Dense(CLASSES, name=name("out"))(h)
+    a = keras.layers.MultiHeadAttention(2, 8, name=name("mha"))(h, h)
+    h = keras.layers.LayerNormalization(name=name("ln"))(
+        keras.layers.Add(name=name("res"))([h, a]))
+    h = keras.layers.GlobalAveragePooling1D(name=name("pool"))(h)
+    return inputs, keras.layers.Dense(CLASSES, name=name("out"))(h)
 
 
-def dataset(kind, n):
-    """`n` unbatched examples, the same on every process (tokens repeat within a batch)."""
+def build_model(kinds):
+    """One model holding a tower per kind: one `fit` trains every model of a cell's row.
+
+    The towers share no weight and their losses add, so each tower's gradients,
+    and with an optimizer that updates each variable on its own (every one here),
+    its weights, are those of the tower trained alone.
+    """
+    import keras
+
+    ends = [tower(kind) for kind in kinds]
+    return keras.Model([i for i, _ in ends], [o for _, o in ends], name="_".join(kinds))
+
+
+def dataset(kinds, n):
+    """`n` unbatched examples per kind, the same on every process (tokens repeat in a batch)."""
     import tensorflow as tf
 
-    rng = np.random.default_rng(1)
-    y = rng.integers(0, CLASSES, n).astype("int32")
-    if kind == "dense":
-        x = rng.normal(size=(n, 16)).astype("float32")
-    else:  # few tokens, so every batch looks up the same rows many times
-        x = rng.integers(0, 12, size=(n, SEQ)).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y))
+    xs, ys = [], []
+    for kind in kinds:
+        rng = np.random.default_rng(1)
+        ys.append(rng.integers(0, CLASSES, n).astype("int32"))
+        if kind == "dense":
+            xs.append(rng.normal(size=(n, 16)).astype("float32"))
+        else:  # few tokens, so every batch looks up the same rows many times
+            xs.append(rng.integers(0, 12, size=(n, SEQ)).astype("int32"))
+    return tf.data.Dataset.from_tensor_slices((tuple(xs), tuple(ys)))
+
+
+def save_towers(model, kinds, stem):
+    """STEM with KIND for OPTIMIZER: writes KIND-REST.npz per tower, keys without the prefix."""
+    for kind in kinds:
+        prefix = f"{kind}_"
+        np.savez(stem.format(kind=kind), **{v.path[len(prefix):]: v.numpy()
+                                            for v in model.weights if v.path.startswith(prefix)})
 
 
 def main(argv=None):
@@ -109,41 +139,39 @@ def main(argv=None):
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    cells = [(m, o, "") for m in args.models.split(",") for o in args.optimizers.split(",")]
-    cells += [tuple(v.split(":")) for v in args.variants.split(",") if v]
+    kinds = args.models.split(",")
+    # A row trains every model with one optimizer in one fit; a variant, one model.
+    cells = [(tuple(kinds), o, "") for o in args.optimizers.split(",")]
+    cells += [((k,), o, what) for k, o, what in (v.split(":") for v in args.variants.split(",")
+                                                if v)]
     out = os.path.join(args.out_dir, f"worker{dist.rank}")
     os.makedirs(out, exist_ok=True)
-    for kind in args.models.split(","):  # the start, to show that training moved every weight
+    start = build_model(kinds)  # the start, to show that training moved every weight
+    for kind in kinds:
         with open(os.path.join(out, f"{kind}.init"), "wb") as f:
-            np.savez(f, **{v.path: v.numpy() for v in build_model(kind).weights})
-    for kind, name, what in cells:
-        stem = os.path.join(out, "-".join(p for p in (kind, name, what) if p))
+            np.savez(f, **{v.path[len(kind) + 1:]: v.numpy() for v in start.weights
+                           if v.path.startswith(f"{kind}_")})
+    for row, name, what in cells:
+        stem = os.path.join(out, "-".join(p for p in ("{kind}", name, what) if p) + ".npz")
         with variant(dist, what):
-            train_cell(dist, kind, name, args.steps, 2 if what == "acc2" else 1, stem)
+            train_cell(dist, row, name, args.steps, 2 if what == "acc2" else 1, stem)
     print(f"MATRIX DONE {dist.name} rank {dist.rank} cells {len(cells)}", flush=True)
 
 
-def train_cell(dist, kind, name, steps, accumulate, stem):
-    """Trains one cell and writes STEM.npz (or STEM.refused with the refusal's line)."""
+def train_cell(dist, kinds, name, steps, accumulate, stem):
+    """Trains one row of cells (every model in `kinds`, one optimizer) and saves each tower."""
     import keras
 
-    from tfdist.errors import ConfigError
-
     with dist.scope():
-        try:
-            model = dist.model(build_model(kind))
-        except ConfigError as e:
-            with open(stem + ".refused", "w") as f:
-                f.write(str(e))
-            return
+        model = dist.model(build_model(kinds))
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(optimizer=dist.optimizer(make_optimizer(name, accumulate)),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      **dist.compile_kwargs())
+                      loss=[loss] * len(kinds), **dist.compile_kwargs())
     # k accumulated batches of B/k are one batch of B: the same examples, the same step.
-    data = dist.shard(dataset(kind, GLOBAL_BATCH * steps), GLOBAL_BATCH // accumulate,
+    data = dist.shard(dataset(kinds, GLOBAL_BATCH * steps), GLOBAL_BATCH // accumulate,
                       repeat=False)
     model.fit(data, epochs=1, callbacks=dist.callbacks(), verbose=0, shuffle=False)
-    np.savez(stem + ".npz", **{v.path: v.numpy() for v in model.weights})
+    save_towers(model, kinds, stem)
 
 
 @contextlib.contextmanager
