@@ -35,6 +35,10 @@ def test_weightless_layers_stay_with_the_layer_before_them():
     g = chain(["embed", "pool", "d1", "drop", "out"], [1, 0, 1, 0, 1])
     assert g.candidate_cuts() == [2, 4]  # before d1 and before out
     assert balanced_cuts(g, 2) == [4]  # embed, pool, d1, drop | out
+    # Leading weightless layers join the first stage.
+    assert balanced_cuts(chain(["flat", "a", "b"], [0, 1, 1]), 2) == [2]
+    with pytest.raises(ConfigError, match=r"Cannot split model into 2 stages"):
+        balanced_cuts(chain(["a", "drop"], [1, 0]), 2)
 
 
 def test_residual_blocks_are_cut_between_blocks_only():

@@ -67,18 +67,6 @@ def test_placement_table_totals_per_device():
     assert table.splitlines()[0].split() == ["layer", "device", "params", "bytes"]
 
 
-def test_weightless_layers_go_with_their_neighbours_in_an_even_split():
-    # The chain: Embedding -> pooling -> Dense -> Dropout -> Dense, 2 devices.
-    names = ["embed", "pool", "d1", "drop", "out"]
-    groups = plan.even_groups(names, ["/cpu:0", "/cpu:1"], {"pool", "drop"})
-    assert groups == [("/cpu:0", ["embed", "pool", "d1", "drop"]), ("/cpu:1", ["out"])]
-    # Leading weightless layers join the first stage.
-    assert plan.even_groups(["flat", "a", "b"], ["/cpu:0", "/cpu:1"], {"flat"}) == [
-        ("/cpu:0", ["flat", "a"]), ("/cpu:1", ["b"])]
-    with pytest.raises(ConfigError, match=r"Cannot split 1 item\(s\) over 2 devices"):
-        plan.even_groups(["a", "drop"], ["/cpu:0", "/cpu:1"], {"drop"})
-
-
 def test_placement_may_leave_out_weightless_layers_but_not_weighted_ones():
     names = ["embed", "pool", "d1", "drop", "out"]
     groups = plan.attach_weightless([("/cpu:0", ["embed"]), ("/cpu:1", ["d1", "out"])], names,

@@ -154,13 +154,21 @@ def stages_from_groups(graph: Graph, groups: Sequence[Sequence[str]]) -> list[in
     weightless = {node.layer for node in graph.nodes if not node.weighted}
     full = plan.attach_weightless([(str(i), list(g)) for i, g in enumerate(groups)], layers,
                                   weightless)
-    stage_of = {name: i for i, (_, names) in enumerate(full) for name in names}
+    return cuts_of(graph, {name: i for i, (_, names) in enumerate(full) for name in names})
+
+
+def cuts_of(graph: Graph, stage_of: dict[str, int]) -> list[int]:
+    """Pure function: the node positions where the stage changes, given each layer's stage.
+
+    Raises:
+        ConfigError: when a layer would run on an earlier stage than a layer it reads from.
+    """
     cuts, current = [], 0
     for k, node in enumerate(graph.nodes):
         s = stage_of[node.layer]
         if s < current:
-            raise ConfigError(f"--placement puts layer {node.layer!r} on an earlier stage than a "
-                              "layer it reads from. Name the stages in model order.")
+            raise ConfigError(f"Layer {node.layer!r} would run on an earlier stage than a layer "
+                              "it reads from. Name the stages (--placement) in model order.")
         while current < s:
             cuts.append(k)
             current += 1

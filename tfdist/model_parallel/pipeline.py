@@ -76,7 +76,7 @@ def _model_class():
             self.stage_devices = [group[0] for group in self.stage_groups]
             self._graph = graph_lib.from_keras(inner)
             self._nodes = graph_lib.keras_nodes(inner)
-            cuts = _cuts(self._graph, stage_of)
+            cuts = graph_lib.cuts_of(self._graph, stage_of)
             self._bounds = [0, *cuts, len(self._nodes)]
             p = len(self.stage_devices)
             self.schedule = schedules.build(schedule, p, self.microbatches)
@@ -192,7 +192,7 @@ def _model_class():
                                 # Mean of equal micro-batch means; scaled under mixed_float16.
                                 targets[(i, s)] = [self.optimizer.scale_loss(losses[i] / m)]
                         tapes[(i, s)], ins[(i, s)], outs[(i, s)] = tape, h, out
-                        last[s] = [t for t in tree.flatten(out)]
+                        last[s] = tree.flatten(out)
                     else:
                         grads[(i, s)], upstream[(i, s - 1)] = self._backward(
                             s, tapes.pop((i, s)), ins.pop((i, s)),
@@ -218,9 +218,8 @@ def _model_class():
 
         def _backward(self, s, tape, inputs, targets, upstream):
             """Stage `s`'s backward: (its variables' gradients, its inputs' gradients)."""
-            if s == len(self.stage_devices) - 1:
-                targets, given = targets, None
-            else:  # only the outputs a later stage sent a gradient back for
+            given = None
+            if s < len(self.stage_devices) - 1:  # the outputs a later stage sent a gradient for
                 kept = [(t, g) for t, g in zip(targets, upstream or []) if g is not None]
                 targets, given = [t for t, _ in kept], [g for _, g in kept]
             floating = [t for t in inputs if t.dtype.is_floating] if s > 0 else []
@@ -245,20 +244,6 @@ def _model_class():
             return self.inner
 
     return PipelineModel
-
-
-def _cuts(graph, stage_of: dict[str, int]) -> list[int]:
-    """The node positions where the stage changes (stages in model order)."""
-    cuts, current = [], 0
-    for k, node in enumerate(graph.nodes):
-        s = stage_of[node.layer]
-        if s < current:
-            raise ConfigError(f"Layer {node.layer!r} would run on an earlier stage than a layer "
-                              "it reads from. Name the stages in model order.")
-        while current < s:
-            cuts.append(k)
-            current += 1
-    return cuts
 
 
 def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1,

@@ -1,10 +1,9 @@
-"""Layers on explicit devices: checking devices, assigning layers, placed copies, the table."""
+"""Layers on explicit devices: checking devices, placed copies of a model, the table."""
 
 from __future__ import annotations
 
 from tfdist.compat.tf_device_scope import place_layer
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import plan
 
 
 def short_name(device: str) -> str:
@@ -36,29 +35,6 @@ def check_devices(devices: list[str]) -> list[str]:
                 f"Device {device!r} does not exist. Logical devices here: {sorted(existing)}. "
                 f"Name one of them, or pass --devices N to split the CPU into N logical devices.")
     return devices
-
-
-def assign(layer_names: list[str], devices: list[str] | None = None,
-           placement: str = "", weightless: set[str] = frozenset()) -> list[tuple[str, list[str]]]:
-    """Groups of (device, layer names) from a --placement spec or an even split over devices.
-
-    Layers in `weightless` (no weights) go with their neighbours: they are
-    not counted in an even split and need no `--placement` entry.
-
-    Raises:
-        ConfigError: for a bad spec or too few layers.
-    """
-    if placement:
-        return plan.attach_weightless(plan.parse_placement(placement), layer_names, weightless)
-    if not devices:
-        raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) or "
-                          "--placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
-    return plan.even_groups(layer_names, devices, weightless)
-
-
-def weightless_names(layers) -> set[str]:
-    """Names of the layers that hold no weights (they go with their neighbours)."""
-    return {layer.name for layer in layers if not layer.weights}
 
 
 def check_regularizers(model) -> None:

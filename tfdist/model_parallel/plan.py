@@ -167,25 +167,6 @@ def attach_weightless(groups: list[tuple[str, list[str]]], layer_names: list[str
     return out
 
 
-def even_groups(layer_names: list[str], devices: list[str],
-                weightless: set[str] = frozenset()) -> list[tuple[str, list[str]]]:
-    """Pure function: contiguous groups, one per device, even in layers that have weights.
-
-    Weightless layers do not count (see `attach_weightless`): 2 devices over
-    Embedding, Pooling, Dense, Dropout, Dense split 2 + 1 weighted layers.
-
-    Raises:
-        ConfigError: when there are fewer layers with weights than devices.
-    """
-    weighted = [n for n in layer_names if n not in weightless]
-    sizes = even_split(len(weighted), len(devices))
-    groups, start = [], 0
-    for device, size in zip(devices, sizes):
-        groups.append((device, weighted[start:start + size]))
-        start += size
-    return attach_weightless(groups, layer_names, weightless)
-
-
 def device_totals(rows: list[tuple[str, str, int, int]]) -> dict[str, tuple[int, int]]:
     """Per device, (parameters, bytes) summed over (layer, device, params, bytes) rows."""
     totals: dict[str, tuple[int, int]] = {}
