@@ -107,6 +107,8 @@ OPTIONS: dict[str, Option] = {
                        choices=("gpipe", "1f1b")),
     "placement": Option("", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
                         "an even split over --devices)"),
+    "stages": Option(0, "pipeline across processes: stages (0: one per task of the job)",
+                     ge=0),
     "tensor_parallel": Option(1, "devices per stage (model_parallel, pipeline): attention "
                               "split by heads, feed-forward Dense pairs by units; --devices "
                               "must be P*N for P stages", ge=1),

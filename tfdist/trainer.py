@@ -264,8 +264,23 @@ class FitLoop(loop_lib.Loop):
                       run.found, run.settings)
 
 
+class StageLoop(loop_lib.Loop):
+    """A model cut into stages, maybe one per task: the process that `runs_loop` runs
+    `FitLoop` (driving every stage), the other tasks serve theirs (`Adapter.serve`)."""
+
+    kind = "stages"
+
+    def run(self, run: loop_lib.Run) -> Result:
+        adapter = run.choice.candidates[0]
+        if adapter.runs_loop(run.cluster):
+            return FitLoop().run(run)
+        loop_lib.start_tensorflow(run.settings)
+        return adapter(run.cluster, run.settings.adapter).serve(run.settings)
+
+
 # The loop each adapter's `loop` kind names.
-LOOPS: dict[str, loop_lib.Loop] = {loop.kind: loop for loop in (FitLoop(), ps.CoordinatorLoop())}
+LOOPS: dict[str, loop_lib.Loop] = {
+    loop.kind: loop for loop in (FitLoop(), ps.CoordinatorLoop(), StageLoop())}
 
 
 def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> Result:

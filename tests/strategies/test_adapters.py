@@ -70,7 +70,7 @@ def test_every_adapter_is_a_registered_class_in_its_own_file():
     for name, adapter in strategies.REGISTRY.items():
         assert issubclass(adapter, strategies.Adapter) and adapter.name == name
         assert adapter.__module__ == f"tfdist.strategies.{name}"
-        assert adapter.loop in ("fit", "coordinator")
+        assert adapter.loop in trainer.LOOPS
     with pytest.raises(ValueError, match="'shm' is empty or taken"):
         strategies.register(type("Again", (strategies.Adapter,), {"name": "shm"}))
 

@@ -7,13 +7,20 @@ from tfdist.errors import ConfigError
 
 
 def short_name(device: str) -> str:
-    """'/job:localhost/replica:0/task:0/device:CPU:1' or '/cpu:1' -> 'CPU:1'."""
+    """'/job:localhost/replica:0/task:0/device:CPU:1' or '/cpu:1' -> 'CPU:1'.
+
+    A device of another process keeps its task: '/job:worker/replica:0/task:1/device:CPU:0'
+    -> 'task:1/CPU:0' (pipeline stages across processes).
+    """
     import tensorflow as tf
 
     spec = tf.DeviceSpec.from_string(device)
     if spec.device_type is None:
         return device
-    return f"{spec.device_type.upper()}:{spec.device_index or 0}"
+    local = f"{spec.device_type.upper()}:{spec.device_index or 0}"
+    if spec.job in (None, "localhost"):
+        return local
+    return f"task:{spec.task or 0}/{local}"
 
 
 def check_devices(devices: list[str]) -> list[str]:

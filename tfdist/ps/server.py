@@ -11,6 +11,7 @@ was never seen (a chief that died before, or just after, opening its port).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -20,16 +21,24 @@ from tfdist.ps.net import reachable
 CHIEF_POLL_S = 1.0
 CHIEF_GONE_S = 6.0    # unreachable this long after it was up: finished or failed
 CHIEF_START_S = 15.0  # never reachable this long after this server started
+# A pipeline stage's chief refuses connections once its process has ended: a
+# short wait, so the job ends soon after its chief (a busy chief still accepts).
+STAGE_GONE_S = 2.0
 
 
-def chief_gone(now: float, started: float, last_seen: float | None) -> bool:
-    """Pure function: whether the chief counts as gone at `now` (monotonic seconds)."""
+def chief_gone(now: float, started: float, last_seen: float | None,
+               start_s: float | None = CHIEF_START_S, gone_s: float = CHIEF_GONE_S) -> bool:
+    """Pure function: whether the chief counts as gone at `now` (monotonic seconds).
+
+    `start_s` None: a chief never seen is waited for without end.
+    """
     if last_seen is None:
-        return now - started >= CHIEF_START_S
-    return now - last_seen >= CHIEF_GONE_S
+        return start_s is not None and now - started >= start_s
+    return now - last_seen >= gone_s
 
 
-def _watch_chief(address: str, label: str) -> None:
+def _watch_chief(address: str, label: str, start_s: float | None = CHIEF_START_S,
+                 gone_s: float = CHIEF_GONE_S) -> None:
     from tfdist.ps import EXIT_LOST_CHIEF
 
     started, last_seen = time.monotonic(), None
@@ -38,9 +47,9 @@ def _watch_chief(address: str, label: str) -> None:
         if reachable(address):
             last_seen = time.monotonic()
             continue
-        if chief_gone(time.monotonic(), started, last_seen):
+        if chief_gone(time.monotonic(), started, last_seen, start_s, gone_s):
             what = ("has gone (finished or failed)" if last_seen is not None else
-                    f"did not answer within {CHIEF_START_S:g} s of this task starting")
+                    f"did not answer within {start_s:g} s of this task starting")
             print(f"tfdist: {label}: the chief at {address} {what}; this task has nothing "
                   "left to serve and exits.", flush=True)
             sys.stdout.flush()
@@ -54,21 +63,48 @@ def serve(cluster, cfg: dict):
         cluster: ClusterInfo of a worker or ps task.
         cfg: The run configuration (`threads` sets intra-op threads).
     """
-    import tensorflow as tf
-
     spec = {k: v for k, v in cluster.tf_config["cluster"].items()
             if k in ("chief", "worker", "ps")}
+    serve_spec(spec, cluster.task_type, cluster.task_index, spec["chief"][0],
+               label=f"{cluster.task_type} {cluster.task_index}", threads=cfg.get("threads"))
+
+
+def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, threads: int = 0,
+               start_s: float | None = CHIEF_START_S, gone_s: float = CHIEF_GONE_S,
+               hold_signals: bool = False) -> None:
+    """Serves task `index` of `job` in cluster `spec` until the chief at `chief` has gone.
+
+    Args:
+        spec: job -> task addresses.
+        job, index: This task.
+        chief: The chief's "host:port", watched.
+        label: This task in messages ("worker 1", "pipeline stage 1").
+        threads: Intra-op threads (0: TensorFlow's default).
+        start_s, gone_s: See `chief_gone`.
+        hold_signals: SIGTERM and SIGINT do not end this task (its chief saves a
+            backup with it first); it ends when the chief has gone.
+    """
+    import tensorflow as tf
+
     config = tf.compat.v1.ConfigProto()
-    if cfg.get("threads"):
+    if threads:
         # Intra-op only: a remote step blocks an inter-op thread while it waits
         # for its input, so one inter-op thread would deadlock the worker.
-        config.intra_op_parallelism_threads = cfg["threads"]
-    label = f"{cluster.task_type} {cluster.task_index}"
-    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=cluster.task_type,
-                                  task_index=cluster.task_index, protocol="grpc",
-                                  config=config, start=True)
-    address = spec[cluster.task_type][cluster.task_index]
-    print(f"tfdist: {label} serving at {address} (pid {os.getpid()}); waiting for the "
+        config.intra_op_parallelism_threads = threads
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
+                                  protocol="grpc", config=config, start=True)
+    if hold_signals:
+        def held(signum, frame):
+            print(f"tfdist: {label}: {signal.Signals(signum).name} received; serving until the "
+                  "chief, which saves the backup, has ended", flush=True)
+
+        signal.signal(signal.SIGTERM, held)
+        signal.signal(signal.SIGINT, held)
+    print(f"tfdist: {label} serving at {spec[job][index]} (pid {os.getpid()}); waiting for the "
           "coordinator", flush=True)
-    threading.Thread(target=_watch_chief, args=(spec["chief"][0], label), daemon=True).start()
-    server.join()
+    threading.Thread(target=_watch_chief, args=(chief, label, start_s, gone_s),
+                     daemon=True).start()
+    # The server serves from its own threads (kept alive by `server`); a sleep, not
+    # join(), so that Python's signal handlers run in this thread.
+    while server is not None:
+        time.sleep(3600)

@@ -36,6 +36,7 @@ class StrategyOptions:
         schedule: The pipeline schedule, "gpipe" or "1f1b".
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
+        stages: Pipeline stages across processes (0: one per task).
         tensor_parallel: Devices per stage (model_parallel, pipeline): each
             stage's attention and feed-forward layers split over them
             (`tfdist.model_parallel.tensor_parallel`); `devices` is P*T.
@@ -55,6 +56,7 @@ class StrategyOptions:
     schedule: str = "gpipe"
     placement: str = ""
     tensor_parallel: int = 1
+    stages: int = 0
 
     ps_shards: int = 0
     min_shard_bytes: int = 256 << 10
@@ -67,7 +69,7 @@ OPTION_FIELDS: dict[str, str] = {
     "devices": "devices", "collective": "collective", "collective_timeout_s": "timeout_s",
     "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
     "microbatches": "microbatches", "schedule": "schedule", "placement": "placement",
-    "tensor_parallel": "tensor_parallel", "ps_shards": "ps_shards",
+    "tensor_parallel": "tensor_parallel", "stages": "stages", "ps_shards": "ps_shards",
     "min_shard_bytes": "min_shard_bytes"}
 
 

@@ -30,7 +30,8 @@ def build(cluster, options):
     return tf.distribute.get_strategy()
 
 
-def transform_model(model, options, microbatches: int = 1, schedule: str = "gpipe"):
+def transform_model(model, options, microbatches: int = 1, schedule: str = "gpipe",
+                    devices: list[str] | None = None):
     """Splits `model` into placed stages and prints the placement table.
 
     Args:
@@ -38,6 +39,7 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
         options: StrategyOptions (devices, placement, tensor_parallel).
         microbatches: Micro-batches per batch (1: naive model parallelism).
         schedule: The pipeline schedule ("gpipe" or "1f1b").
+        devices: The stages' devices; None: `options.devices` local ones (or the placement's).
 
     Returns:
         A `tfdist.model_parallel.pipeline` PipelineModel with `model`'s weights.
@@ -45,7 +47,8 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
     from tfdist.model_parallel import pipeline, placement, plan
     from tfdist.strategies.devices import local_devices
 
-    devices = None if options.placement else local_devices(options.devices)
+    if devices is None and not options.placement:
+        devices = local_devices(options.devices)
     split = pipeline.split(model, devices, options.placement, microbatches, schedule,
                            options.tensor_parallel)
     table = plan.format_placement(placement.placement_rows(split.pipeline_layers))

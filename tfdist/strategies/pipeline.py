@@ -5,6 +5,11 @@ micro-batches that flow through the stages so that devices overlap; gradients
 are summed over the micro-batches and applied once per batch. The idle
 fraction of each step is about (p - 1) / (M + p - 1) for p balanced stages;
 `python -m tfdist.bench pipeline` measures it.
+
+In one process the stages are logical devices (`--devices`). Started as
+several tasks (`tfdist.launch -n P`, TF_CONFIG, Slurm), each task holds one
+stage, its weights and optimizer state (`tfdist.model_parallel.stages`): the
+chief drives the run and holds stage 0, the other tasks serve theirs.
 """
 
 from __future__ import annotations
@@ -17,24 +22,101 @@ def build(cluster, options):
     return model_parallel.build(cluster, options)
 
 
-def transform_model(model, options):
-    """Splits `model` into stages trained with `options.microbatches` micro-batches."""
+def transform_model(model, options, devices=None):
+    """Splits `model` into stages trained with `options.microbatches` micro-batches.
+
+    Args:
+        model: The recipe's built model.
+        options: StrategyOptions.
+        devices: The stages' devices (tasks across processes); None: local devices.
+    """
     from tfdist.model_parallel import plan
 
     split = model_parallel.transform_model(model, options, options.microbatches,
-                                           options.schedule)
+                                           options.schedule, devices=devices)
     p = len(split.stage_devices)
     print(f"tfdist: pipeline p={p} m={options.microbatches} schedule={options.schedule} "
           f"theoretical bubble {plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
     return split
 
 
+class StageHooks(model_parallel.ModelParallelHooks):
+    """Trainer hooks of the chief of a pipeline across processes."""
+
+    def __init__(self, options, cluster):
+        from tfdist.model_parallel import stages
+
+        self.cluster = cluster
+        devices = stages.stage_devices(cluster.num_tasks, options.stages)
+        super().__init__(options, lambda model, opts: transform_model(model, opts, devices))
+
+    def lost_peer(self, strategy, error):
+        """The first stage task that no longer accepts connections (a TensorFlow error
+        names no task): its port closes when its process dies."""
+        from tfdist.model_parallel import stages
+
+        return stages.lost_stage(self.cluster)
+
+
 @register
 class Pipeline(model_parallel.ModelParallel):
-    """Model-parallel stages fed with micro-batches."""
+    """Model-parallel stages fed with micro-batches, in one process or one per task."""
 
     name = "pipeline"
-    accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel")
+    loop = "stages"
+    accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel", "stages")
+    one_process = False  # one stage per task when started as several
+
+    @classmethod
+    def check_cluster(cls, cluster):
+        if cluster.num_tasks > 1:
+            from tfdist.model_parallel import stages
+
+            stages.check_cluster(cluster)
+
+    @classmethod
+    def check_config(cls, cfg, cluster):
+        if cluster.num_tasks > 1:
+            from tfdist.model_parallel import stages
+
+            stages.check_options(cluster, cfg["stages"], cfg["devices"], cfg["tensor_parallel"],
+                                 cfg["placement"])
+        elif cfg["stages"]:
+            from tfdist.errors import ConfigError
+
+            raise ConfigError(
+                f"--stages {cfg['stages']} places stages in processes of their own, but this "
+                "is one process. Start the stages as tasks: python -m tfdist.launch -n "
+                f"{cfg['stages']} -- python -m tfdist.train RECIPE --strategy pipeline; in "
+                "one process, split over logical devices with --devices P.")
+        super().check_config(cfg, cluster)
+
+    @classmethod
+    def runs_loop(cls, cluster):
+        return cluster.is_chief  # the other stage tasks serve
+
+    @property
+    def across_processes(self) -> bool:
+        """One stage per task of the job."""
+        return self.cluster is not None and self.cluster.num_tasks > 1
+
+    def build(self):
+        if not self.across_processes:
+            return build(self.cluster, self.options)
+        import tensorflow as tf
+
+        from tfdist.model_parallel import stages
+
+        stages.connect(self.cluster, self.options.startup_timeout_s)
+        return tf.distribute.get_strategy()
 
     def hooks(self):
-        return model_parallel.ModelParallelHooks(self.options, transform_model)
+        if not self.across_processes:
+            return model_parallel.ModelParallelHooks(self.options, transform_model)
+        return StageHooks(self.options, self.cluster)
+
+    def serve(self, settings):
+        """A stage task other than the chief: serves its stage until the chief ends."""
+        from tfdist.model_parallel import stages
+
+        stages.serve(self.cluster, settings)

@@ -1,0 +1,139 @@
+"""Real processes: `--strategy pipeline` with one stage per task (`tfdist.launch -n P`).
+
+model_parallel_mlp (3 hidden Dense layers + logits, 4 layers with weights)
+trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches)
+and 4 stage processes (1F1B, 4 micro-batches) each end with the weights of
+one process (rtol 1e-5). The chief holds stage 0 and drives the run; the
+placement table, read from the variables, shows every other stage's weights
+on its own task. The saved model is the plain, unsplit Keras model.
+
+A stage killed with SIGKILL ends the job, naming the stage and its address;
+the same command again resumes from the last backup and ends with the
+uninterrupted run's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, WORKERS, clean_env, run_py, tail, wait_for_checkpoint
+from tfdist import exit_codes
+from tfdist.launch import free_ports, worker_tf_configs
+
+pytestmark = pytest.mark.integration
+
+DUMP = os.path.join(WORKERS, "train_dump.py")
+ARGS = ["model_parallel_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
+        "--hidden-units", "64", "--optimizer", "adam", "--learning-rate", "0.01",
+        "--verbose", "0", "--threads", "1", "--save-every-steps", "5"]
+PIPELINE = ["--strategy", "pipeline", "--devices", "0"]  # the recipe's 2: one process's
+RUNS = {"single": (1, ["--strategy", "single"]),
+        "two": (2, [*PIPELINE, "--microbatches", "2"]),
+        "four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "1f1b"])}
+
+
+def _weights(dump):
+    d = np.load(os.path.join(dump, "worker0.npz"))
+    return [d[f"w{i}"] for i in range(8)]
+
+
+def _table(out):
+    """layer -> device, from the chief's placement table ("[worker 0] hidden_0  task:0/CPU:0 ...")."""
+    rows = [line.split()[2:4] for line in out.splitlines() if line.startswith("[worker 0] ")]
+    return {row[0]: row[1] for row in rows if len(row) == 2
+            and row[0].startswith(("hidden_", "logits"))}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stages")
+    out = {}
+    for name, (n, extra) in RUNS.items():
+        dump, model_dir = str(tmp / name / "dump"), str(tmp / name / "model")
+        command = [DUMP, dump, *ARGS, *extra, "--model-dir", model_dir]
+        if n > 1:
+            command = ["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--",
+                       sys.executable, *command]
+        proc = run_py(command, timeout=300)
+        assert proc.returncode == 0, tail(proc)
+        out[name] = (_weights(dump), model_dir, proc)
+    return out
+
+
+@pytest.mark.parametrize("name", ["two", "four"])
+def test_stage_processes_end_with_one_process_weights(runs, name):
+    single = runs["single"][0]
+    for a, b in zip(runs[name][0], single):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(runs):
+    out = runs["two"][2].stdout
+    assert _table(out) == {"hidden_0": "task:0/CPU:0", "hidden_1": "task:0/CPU:0",
+                           "hidden_2": "task:1/CPU:0", "logits": "task:1/CPU:0"}, out[-3000:]
+    assert "pipeline p=2 m=2 schedule=gpipe" in out
+    assert "[worker 1] tfdist: pipeline stage 1 serving at 127.0.0.1:" in out
+    assert "pipeline stage 1: the chief at 127.0.0.1:" in out and "has gone" in out
+    four = runs["four"][2].stdout
+    assert sorted(set(_table(four).values())) == [f"task:{i}/CPU:0" for i in range(4)]
+    assert "pipeline p=4 m=4 schedule=1f1b" in four
+
+
+def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
+    weights, model_dir, _ = runs["four"]
+    proc = run_py(["-c", "import sys, keras, numpy as np; m = keras.models.load_model(sys.argv[1]);"
+                         "print(type(m).__name__, np.sum([np.abs(w).sum() for w in "
+                         "m.get_weights()]))", os.path.join(model_dir, "model.keras")],
+                  timeout=120)
+    assert proc.returncode == 0, tail(proc)
+    kind, total = proc.stdout.split()[-2:]
+    assert kind == "Functional"
+    assert float(total) == pytest.approx(sum(float(np.abs(w).sum()) for w in weights), rel=1e-6)
+
+
+def _start_stages(dump, model_dir, delay_ms):
+    """Two stage tasks started by hand (no launcher to stop the chief)."""
+    procs = []
+    for i, cfg in enumerate(worker_tf_configs(free_ports(2))):
+        faults = ["--step-delay-ms", str(delay_ms)] if i == 0 else []
+        procs.append(subprocess.Popen(
+            [sys.executable, DUMP, dump, *faults, *ARGS, *RUNS["two"][1],
+             "--model-dir", model_dir], env=clean_env(TF_CONFIG=json.dumps(cfg)), cwd=REPO,
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return procs
+
+
+def test_a_killed_stage_ends_the_job_naming_it_and_the_rerun_resumes_to_the_same_weights(
+        runs, tmp_path):
+    model_dir, dump = str(tmp_path / "model"), str(tmp_path / "dump")
+    chief, stage = _start_stages(dump, model_dir, delay_ms=50)
+    try:
+        wait_for_checkpoint(model_dir, alive=lambda: chief.poll() is None, what="the chief")
+        stage.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = chief.communicate(timeout=90)
+        waited = time.monotonic() - killed
+    finally:
+        for p in (chief, stage):
+            p.kill() if p.poll() is None else None
+            p.communicate()
+    assert chief.returncode == exit_codes.PEER_LOST, err[-3000:]
+    assert waited < 30
+    assert "lost contact with pipeline stage 1 (127.0.0.1:" in err, err[-3000:]
+    assert "rerun the same command to resume" in err
+
+    chief, stage = _start_stages(dump, model_dir, delay_ms=0)  # the same command again
+    out, err = chief.communicate(timeout=240)
+    stage.communicate(timeout=60)
+    assert chief.returncode == 0 and stage.returncode == 0, err[-3000:]
+    assert "resumed from" in out
+    for a, b in zip(_weights(dump), runs["two"][0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,95 @@
+"""Pipeline stages across processes: layout and checks before TensorFlow (pure).
+
+The runs themselves: tests/integration/test_pipeline_processes.py.
+"""
+
+import json
+
+import pytest
+
+from tfdist import config, strategies, trainer
+from tfdist.cluster import detect
+from tfdist.errors import ConfigError
+from tfdist.model_parallel import stages
+
+
+def launched(n, index=0, **extra):
+    return detect({"TF_CONFIG": json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{4000 + i}" for i in range(n)], **extra},
+        "task": {"type": "worker", "index": index}}), "TFDIST_LAUNCHER": "tfdist.launch"})
+
+
+def check(cluster, *args):
+    cfg = config.merge({}, ["--strategy", "pipeline", *args], "recipe r")
+    trainer.check_before_tensorflow(cfg, cluster)
+
+
+def test_each_task_holds_one_stage_on_its_own_cpu():
+    assert stages.stage_devices(3) == [
+        "/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0",
+        "/job:worker/replica:0/task:2/device:CPU:0"]
+    assert stages.stage_devices(2, stages=2) == stages.stage_devices(2)
+
+
+@pytest.mark.parametrize("n,asked", [(2, 3), (4, 2), (1, 0)])
+def test_stages_other_than_one_per_task_are_refused_naming_both(n, asked):
+    with pytest.raises(ConfigError, match=rf"--stages {asked or n} on {n} task\(s\)"):
+        stages.stage_devices(n, asked)
+
+
+def test_pipeline_started_as_several_tasks_is_one_stage_each_and_only_the_chief_runs_the_loop():
+    for index in (0, 1):
+        check(launched(2, index), "--microbatches", "2")
+    check(launched(2), "--devices", "2")  # as many as the stages (a recipe's default)
+    slurm = detect({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
+                    "SLURM_NTASKS": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NODELIST": "n1",
+                    "SLURM_STEP_TASKS_PER_NODE": "3"})
+    check(slurm, "--stages", "3")
+    adapter = strategies.adapter_class("pipeline")
+    assert adapter.loop in trainer.LOOPS
+    assert adapter.runs_loop(launched(2, 0)) and not adapter.runs_loop(launched(2, 1))
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--devices", "4"], "--devices 4 splits one process's CPU"),
+    (["--tensor-parallel", "2"], "--tensor-parallel 2 is not yet supported across processes"),
+    (["--placement", "a=/cpu:0;b=/cpu:1"], "--placement names one process's devices"),
+    (["--stages", "3"], "--stages 3 on 2 task(s)"),
+])
+def test_options_without_meaning_across_processes_are_refused_before_tensorflow(args, says):
+    with pytest.raises(ConfigError) as err:
+        check(launched(2), *args)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_stages_in_one_process_and_clusters_without_addresses_are_refused():
+    with pytest.raises(ConfigError, match="--stages 2 places stages in processes of their own"):
+        check(detect({}), "--stages", "2")
+    horovod = detect({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="started by horovodrun.*gives none"):
+        check(horovod)
+    ps = detect({"TF_CONFIG": json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+        "task": {"type": "chief", "index": 0}})})
+    with pytest.raises(ConfigError, match="also lists 1 ps task"):
+        check(ps)
+
+
+def test_a_task_on_another_process_keeps_its_task_in_the_placement_table():
+    from tfdist.model_parallel.placement import short_name
+
+    assert short_name("/job:worker/replica:0/task:1/device:CPU:0") == "task:1/CPU:0"
+    assert short_name("/job:localhost/replica:0/task:0/device:CPU:1") == "CPU:1"
+    assert short_name("/cpu:1") == "CPU:1"
+
+
+def test_the_lost_stage_is_the_first_other_task_whose_port_is_closed():
+    cluster = launched(4)
+    down = {"127.0.0.1:4002", "127.0.0.1:4003"}
+    lost = stages.lost_stage(cluster, reachable=lambda a: a not in down)
+    assert (lost.rank, lost.address, lost.job) == (2, "127.0.0.1:4002", "pipeline stage")
+    assert trainer.describe_peer_failure(lost, cluster) == "pipeline stage 2 (127.0.0.1:4002)"
+    assert stages.lost_stage(cluster, reachable=lambda a: True) is None
+    # The chief's own address is never probed (it is this process).
+    assert stages.lost_stage(cluster, reachable=lambda a: a == "127.0.0.1:4001"
+                             or a != "127.0.0.1:4000") is None

@@ -1,0 +1,173 @@
+"""Pipeline stages in processes of their own (`--strategy pipeline` on a cluster).
+
+Each task of the job holds one stage: its layers' weights, their optimizer
+slots, and the compute of its forward and backward passes. The chief (task 0)
+holds stage 0 and also drives the run: it joins TensorFlow's distributed
+runtime (`tf.config.experimental_connect_to_cluster`) as task 0, so that the
+one-process `PipelineModel`, given the tasks' devices instead of logical
+CPUs, builds and runs each stage on its task; the tensors crossing a cut
+travel by TensorFlow's gRPC. The other tasks run a `tf.distribute.Server`
+and serve until the chief has gone (`tfdist.ps.server`).
+
+Measured on this machine (TF 2.21): a stage's backward must be computed under
+its own device (`PipelineModel` keeps a tape per stage), or every gradient op
+runs on the client. No transport of tfdist's own.
+
+Pure functions here, and `connect` / `serve`, which import TensorFlow when called.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tfdist.errors import ClusterError, ConfigError
+
+JOB = "worker"
+
+
+def task_device(index: int) -> str:
+    """Pure function: the CPU device of task `index` in the pipeline's cluster."""
+    return f"/job:{JOB}/replica:0/task:{index}/device:CPU:0"
+
+
+def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
+    """Pure function: the device of each stage, task s holding stage s.
+
+    Args:
+        num_tasks: The job's processes.
+        stages: Stages asked for (0: one per task).
+
+    Raises:
+        ConfigError: when `stages` is not the number of tasks.
+    """
+    stages = stages or num_tasks
+    if stages < 2 or stages != num_tasks:
+        raise ConfigError(
+            f"--stages {stages} on {num_tasks} task(s): a pipeline across processes runs one "
+            f"stage per task, so --stages must be the number of tasks ({num_tasks}), at least 2. "
+            f"Start {stages} tasks (python -m tfdist.launch -n {stages} -- ...), or leave "
+            "--stages out.")
+    return [task_device(s) for s in range(stages)]
+
+
+def check_cluster(cluster) -> None:
+    """Pure check: the cluster can hold one stage per task.
+
+    Raises:
+        ConfigError: for ps tasks in the cluster, or ranks started by horovodrun/mpirun
+            (their processes have no TensorFlow server addresses).
+    """
+    spec = (cluster.tf_config or {}).get("cluster", {})
+    if cluster.source == "horovod" or not cluster.worker_addresses:
+        raise ConfigError(
+            f"--strategy pipeline across processes needs each task's address (TF_CONFIG, "
+            f"Slurm, or tfdist.launch), but this job was started by {cluster.origin}, which "
+            "gives none. Start it with python -m tfdist.launch -n P -- python -m tfdist.train "
+            "RECIPE --strategy pipeline, or under Slurm.")
+    if spec.get("ps"):
+        raise ConfigError(
+            f"--strategy pipeline runs one stage per task, but the cluster also lists "
+            f"{len(spec['ps'])} ps task(s) (from {cluster.origin}). Start the job without "
+            "--ps, or use --strategy parameter_server.")
+
+
+def check_options(cluster, stages: int, devices: int, tensor_parallel: int,
+                  placement: str) -> list[str]:
+    """Pure check of the pipeline options across processes; the stage devices.
+
+    Raises:
+        ConfigError: for an option that has no meaning across processes.
+    """
+    check_cluster(cluster)
+    stage_list = stage_devices(cluster.num_tasks, stages)
+    if devices and devices != len(stage_list):
+        raise ConfigError(
+            f"--devices {devices} splits one process's CPU; across processes each of the "
+            f"{cluster.num_tasks} tasks is a stage. Pass --devices 0 (a recipe may set it) or "
+            f"--devices {len(stage_list)}.")
+    if tensor_parallel > 1:
+        raise ConfigError(
+            f"--tensor-parallel {tensor_parallel} is not yet supported across processes: "
+            "each stage runs on one task. Drop it, or run tensor parallelism in one process "
+            "(--strategy pipeline --devices P*T --tensor-parallel T without tfdist.launch).")
+    if placement:
+        raise ConfigError(
+            "--placement names one process's devices; across processes the stages are cut "
+            "evenly, one per task. Drop --placement.")
+    return stage_list
+
+
+def wait_for(addresses: list[str], timeout_s: float, poll_s: float = 0.5) -> None:
+    """Waits until every address accepts a TCP connection.
+
+    Raises:
+        ClusterError: naming the tasks still down after `timeout_s` (0: wait for ever).
+    """
+    from tfdist.ps.net import reachable
+
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    waiting = list(addresses)
+    while waiting:
+        waiting = [a for a in waiting if not reachable(a)]
+        if not waiting:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ClusterError(
+                f"pipeline stage task(s) at {', '.join(waiting)} did not start within "
+                f"{timeout_s:g} s (--startup-timeout-s). Check that every task was started "
+                "with the same TF_CONFIG cluster.")
+        time.sleep(poll_s)
+
+
+def lost_stage(cluster, reachable=None):
+    """The `PeerLostError` (rank, address) of the first other stage task whose port is closed.
+
+    Args:
+        cluster: The chief's ClusterInfo.
+        reachable: address -> bool (default: one TCP connect); pure when given.
+
+    Returns:
+        The error, or None when every stage still accepts connections (a hung
+        stage does: the kernel answers for a stopped process).
+    """
+    from tfdist.errors import PeerLostError
+
+    if reachable is None:
+        from tfdist.ps.net import reachable
+    for rank, address in enumerate(cluster.worker_addresses):
+        if rank != cluster.worker_index and not reachable(address):
+            return PeerLostError(f"pipeline stage {rank} at {address} is gone", rank=rank,
+                                 address=address, job="pipeline stage")
+    return None
+
+
+def connect(cluster, startup_timeout_s: float) -> None:
+    """Joins the chief to the stage tasks' servers as task 0 (before any op).
+
+    Raises:
+        ClusterError: when a stage task does not come up in time.
+    """
+    import tensorflow as tf
+
+    addresses = cluster.worker_addresses
+    wait_for([a for i, a in enumerate(addresses) if i != cluster.worker_index],
+             startup_timeout_s)
+    tf.config.experimental_connect_to_cluster(
+        tf.train.ClusterSpec({JOB: addresses}), job_name=JOB,
+        task_index=cluster.worker_index, protocol="grpc")
+
+
+def serve(cluster, settings) -> None:
+    """Runs this task's stage server until the chief has gone (never returns).
+
+    SIGTERM and Ctrl-C do not end a stage: the chief saves its backup at the
+    next step, which needs every stage; the stage then ends with the chief.
+    """
+    from tfdist.ps import server
+
+    addresses = cluster.worker_addresses
+    server.serve_spec({JOB: addresses}, JOB, cluster.worker_index, addresses[0],
+                      label=f"pipeline stage {cluster.worker_index}",
+                      threads=settings.runtime.threads,
+                      start_s=settings.adapter.startup_timeout_s or None,
+                      gone_s=server.STAGE_GONE_S, hold_signals=True)
