@@ -343,7 +343,8 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
                   f"; {steps_per_epoch} steps per epoch")
 
     with strategy.scope():
-        model = hooks.transform_model(recipe_lib.build_model(recipe, cfg))
+        model = hooks.transform_model(hooks.build_model(
+            lambda: recipe_lib.build_model(recipe, cfg)))
         optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(recipe, cfg, lr))
         model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
                       **hooks.compile_kwargs())

@@ -47,6 +47,45 @@ def _dense(t):
     return getattr(t, "values", t)
 
 
+def _update_where_the_variable_lives(optimizer) -> None:
+    """Runs each variable's update (say, Adam's moment arithmetic) on that variable's device.
+
+    Keras's TensorFlow optimizer places no update (the default strategy's
+    `extended.update` sets no device), so every update ran on the device of the
+    caller: with stages in other processes, each of their gradients and slots
+    travelled to the chief and back, and the chief's memory grew with the whole
+    model's. Wraps the optimizer's `update_step` (and its one-replica
+    all-reduce) once; the math is unchanged.
+    """
+    import keras
+    import tensorflow as tf
+
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+    if getattr(inner, "_tfdist_placed_updates", False):
+        return
+    update = inner.update_step
+
+    def placed(gradient, variable, learning_rate):
+        # Keras hands over its variables' tf.Variables (`.value` would be a method).
+        held = variable.value if isinstance(variable, keras.Variable) else variable
+        with tf.device(held.device):
+            return update(gradient, variable, learning_rate)
+
+    all_reduce = inner._all_reduce_sum_gradients
+
+    def one_replica(grads_and_vars):
+        # One replica has nothing to sum, but the default strategy's all_reduce
+        # still passes every gradient through an IdentityN with no device, which
+        # put each stage's gradients on the caller's device and back.
+        if tf.distribute.get_strategy().num_replicas_in_sync == 1:
+            return list(grads_and_vars)
+        return all_reduce(grads_and_vars)
+
+    inner.update_step = placed
+    inner._all_reduce_sum_gradients = one_replica
+    inner._tfdist_placed_updates = True
+
+
 @functools.lru_cache(maxsize=None)
 def _model_class():
     import keras
@@ -99,6 +138,7 @@ def _model_class():
                 ConfigError: `clipnorm` would clip each shard by its own norm.
             """
             super().compile(*args, **kwargs)
+            _update_where_the_variable_lives(self.optimizer)
             from tfdist.model_parallel import tensor_parallel
 
             inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
@@ -201,12 +241,13 @@ def _model_class():
                         last[s] = [_dense(g) for g in grads[(i, s)] if g is not None]
             gradients, variables = [], []
             for s in range(p):
-                for k, v in enumerate(self._stage_variables[s]):
-                    total = None
-                    for i in range(m):  # micro-batch order, whatever the schedule
-                        total = _add(total, grads[(i, s)][k])
-                    gradients.append(total)
-                    variables.append(v)
+                with tf.device(self.stage_devices[s]):  # where the stage's gradients are
+                    for k, v in enumerate(self._stage_variables[s]):
+                        total = None
+                        for i in range(m):  # micro-batch order, whatever the schedule
+                            total = _add(total, grads[(i, s)][k])
+                        gradients.append(total)
+                        variables.append(v)
             order = {id(v): n for n, v in enumerate(self.inner.trainable_variables)}
             pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])

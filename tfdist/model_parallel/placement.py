@@ -71,7 +71,7 @@ def placed_clone(model, device_of: dict):
     """
     import keras
 
-    from tfdist.model_parallel import tensor_parallel
+    from tfdist.model_parallel import deferred, tensor_parallel
 
     groups = {name: (d,) if isinstance(d, str) else tuple(d) for name, d in device_of.items()}
     check_devices(sorted({d for group in groups.values() for d in group}))
@@ -86,6 +86,11 @@ def placed_clone(model, device_of: dict):
             return layer.__class__.from_config(layer.get_config())
         return clones[groups[layer.name]](layer)
 
+    if deferred.has_deferred(model):  # built without values: each made where it lives
+        clone = deferred.build_without_values(
+            lambda: keras.models.clone_model(model, clone_function=copy))
+        deferred.initialize_like(model, clone)
+        return clone
     clone = keras.models.clone_model(model, clone_function=copy)
     tensor_parallel.copy_weights(model, clone)
     return clone

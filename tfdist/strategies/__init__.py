@@ -123,6 +123,15 @@ class Hooks:
         """Extra `model.compile` arguments the adapter needs (e.g. no XLA)."""
         return {}
 
+    def build_model(self, build):
+        """The recipe's model: `build()`, in the strategy's scope.
+
+        An adapter that places each weight itself (pipeline stages in processes
+        of their own) builds it without values, so this process never holds
+        the whole model.
+        """
+        return build()
+
     def transform_model(self, model):
         """The model to train, from the recipe's (model parallelism splits it)."""
         return model

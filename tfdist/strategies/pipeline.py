@@ -50,6 +50,12 @@ class StageHooks(model_parallel.ModelParallelHooks):
         devices = stages.stage_devices(cluster.num_tasks, options.stages)
         super().__init__(options, lambda model, opts: transform_model(model, opts, devices))
 
+    def build_model(self, build):
+        """Without values: each stage's are computed on its task (`model_parallel.deferred`)."""
+        from tfdist.model_parallel import deferred
+
+        return deferred.build_without_values(build)
+
     def lost_peer(self, strategy, error):
         """The first stage task that no longer accepts connections (a TensorFlow error
         names no task): its port closes when its process dies."""
