@@ -1,9 +1,9 @@
 """Real processes: `--strategy pipeline` with one stage per task (`tfdist.launch -n P`).
 
 model_parallel_mlp (3 hidden Dense layers + logits, 4 layers with weights)
-trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches)
-and 4 stage processes (1F1B, 4 micro-batches) each end with the weights of
-one process (rtol 1e-5). The chief holds stage 0 and drives the run; the
+trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches),
+4 stage processes (1F1B, 4 micro-batches) and 2 data-parallel copies of 2
+stages (4 processes) each end with the weights of one process (rtol 1e-5). The chief holds stage 0 and drives the run; the
 placement table, read from the variables, shows every other stage's weights
 on its own task. The saved model is the plain, unsplit Keras model.
 
@@ -37,7 +37,8 @@ ARGS = ["model_parallel_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
 PIPELINE = ["--strategy", "pipeline", "--devices", "0"]  # the recipe's 2: one process's
 RUNS = {"single": (1, ["--strategy", "single"]),
         "two": (2, [*PIPELINE, "--microbatches", "2"]),
-        "four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "1f1b"])}
+        "four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "1f1b"]),
+        "hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2"])}
 
 
 def _weights(dump):
@@ -68,7 +69,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["two", "four"])
+@pytest.mark.parametrize("name", ["two", "four", "hybrid"])
 def test_stage_processes_end_with_one_process_weights(runs, name):
     single = runs["single"][0]
     for a, b in zip(runs[name][0], single):
@@ -85,6 +86,10 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     four = runs["four"][2].stdout
     assert sorted(set(_table(four).values())) == [f"task:{i}/CPU:0" for i in range(4)]
     assert "pipeline p=4 m=4 schedule=1f1b" in four
+    hybrid = runs["hybrid"][2].stdout
+    assert set(_table(hybrid).values()) == {"task:0/CPU:0", "task:1/CPU:0"}
+    assert "data-parallel copy 1 of the stages: task:2/CPU:0, task:3/CPU:0" in hybrid
+    assert "pipeline p=2 x 2 data-parallel copies m=2" in hybrid
 
 
 def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):

@@ -2,7 +2,7 @@
 
 One subprocess (tests/workers/mp_equality.py) with 4 logical CPUs trains the same
 chain MLP unsplit and as pipelines with M = 1 (naive model parallelism), 4 and 8,
-and a tensor-parallel MLP block against its unsplit Dense pair; SGD, deterministic
+2 data-parallel copies of a 2-stage pipeline, and a tensor-parallel MLP block against its unsplit Dense pair; SGD, deterministic
 ops, same seed and init. Then an attention model (causal self-attention, cross-
 attention, a feed-forward Dense pair) under Adam: unsplit, 2-way tensor parallel,
 and 2 stages x 2-way tensor parallel.
@@ -39,7 +39,7 @@ def _group(arrays, prefix):
     return [arrays[k] for k in keys]
 
 
-@pytest.mark.parametrize("m", ["pipeline1", "pipeline4", "pipeline8", "onefoneb4"])
+@pytest.mark.parametrize("m", ["pipeline1", "pipeline4", "pipeline8", "onefoneb4", "copies2"])
 def test_pipeline_equals_unsplit(worker, m):
     arrays, _ = worker
     unsplit, split, init = (_group(arrays, p) for p in ("unsplit", m, "init"))
@@ -48,6 +48,12 @@ def test_pipeline_equals_unsplit(worker, m):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
     # Training moved the weights, so equality is not of two copies of the init.
     assert max(np.abs(a - b).max() for a, b in zip(unsplit, init)) > 1e-3
+
+
+def test_data_parallel_copies_of_a_pipeline_live_apart_and_end_alike(worker):
+    _, report = worker
+    assert report["copy1_devices"] == ["CPU:2", "CPU:3"]
+    assert report["copy1_max_diff"] == 0.0  # copy 1 takes copy 0's updated weights
 
 
 def test_tensor_parallel_equals_unsplit(worker):

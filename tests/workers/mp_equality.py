@@ -63,6 +63,15 @@ def main():
     for i, w in enumerate(fit(pipeline.split(chain(), DEVICES, microbatches=4,
                                              schedule="1f1b")).get_weights()):
         arrays[f"onefoneb4_{i}"] = w
+    # 2 data-parallel copies of a 2-stage pipeline (copy 1 on /cpu:2 and /cpu:3).
+    copies = fit(pipeline.split(chain(), ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"],
+                                microbatches=2, copies=2))
+    for i, w in enumerate(copies.get_weights()):
+        arrays[f"copies2_{i}"] = w
+    second = copies._copies[1]
+    report["copy1_devices"] = sorted({v.value.device[-5:] for v in second.weights})
+    report["copy1_max_diff"] = max(float(np.abs(a - b).max()) for a, b in
+                                   zip(second.get_weights(), copies.get_weights()))
     for i, w in enumerate(init):
         arrays[f"init_{i}"] = w
 

@@ -105,31 +105,72 @@ def _model_class():
         """
 
         def __init__(self, inner, stage_of, stage_devices, microbatches=1, schedule="gpipe",
-                     **kwargs):
+                     copies=(), **kwargs):
             super().__init__(**kwargs)
             plan.microbatch_size(int(microbatches), 1)  # validates microbatches >= 1
             self.inner = inner
             self.microbatches = int(microbatches)
             self.schedule_name = schedule
-            self.stage_groups = [(d,) if isinstance(d, str) else tuple(d) for d in stage_devices]
-            self.stage_devices = [group[0] for group in self.stage_groups]
             self._graph = graph_lib.from_keras(inner)
-            self._nodes = graph_lib.keras_nodes(inner)
             cuts = graph_lib.cuts_of(self._graph, stage_of)
-            self._bounds = [0, *cuts, len(self._nodes)]
+            self._bounds = [0, *cuts, len(self._graph.nodes)]
+            # Copy 0 is `inner`; the others (data-parallel copies of the pipeline) are
+            # kept out of Keras's tracking, so the model's variables, its backups and
+            # its optimizer's slots are copy 0's alone.
+            # (Keras tracks layers and variables in lists set as attributes, so these
+            # per-copy lists are set past its tracking.)
+            untracked = functools.partial(object.__setattr__, self)
+            untracked("_copies", [inner, *[c for c, _ in copies]])
+            untracked("_copy_groups", [[(d,) if isinstance(d, str) else tuple(d) for d in devs]
+                                       for devs in [stage_devices, *[d for _, d in copies]]])
+            self.stage_groups = self._copy_groups[0]
+            self.stage_devices = [group[0] for group in self.stage_groups]
+            # Each copy's own graph: the same cuts, its own tensors.
+            untracked("_copy_graphs",
+                      [self._graph, *[graph_lib.from_keras(c) for c in self._copies[1:]]])
+            untracked("_copy_nodes", [graph_lib.keras_nodes(copy) for copy in self._copies])
+            self._nodes = self._copy_nodes[0]
             p = len(self.stage_devices)
             self.schedule = schedules.build(schedule, p, self.microbatches)
-            layers = {layer.name: layer for layer in inner.layers}
-            self.stage_layers = [
-                list(dict.fromkeys(layers[n.layer] for n in self._graph.nodes[a:b]))
-                for a, b in zip(self._bounds, self._bounds[1:])]
+            untracked("_copy_stage_layers", [])
+            untracked("_copy_stage_variables", [])
+            for copy in self._copies:
+                layers = {layer.name: layer for layer in copy.layers}
+                stage_layers = [
+                    list(dict.fromkeys(layers[n.layer] for n in self._graph.nodes[a:b]))
+                    for a, b in zip(self._bounds, self._bounds[1:])]
+                ids = {id(v) for v in copy.trainable_variables}
+                self._copy_stage_layers.append(stage_layers)
+                self._copy_stage_variables.append([
+                    [v for layer in stage for v in layer.trainable_weights if id(v) in ids]
+                    for stage in stage_layers])
+            self.stage_layers = self._copy_stage_layers[0]
             self.pipeline_layers = [layer for stage in self.stage_layers for layer in stage]
             self.stage_sizes = [len(stage) for stage in self.stage_layers]
-            ids = {id(v) for v in inner.trainable_variables}
-            self._stage_variables = [
-                [v for layer in stage for v in layer.trainable_weights if id(v) in ids]
-                for stage in self.stage_layers]
+            self._stage_variables = self._copy_stage_variables[0]
             self.built = True
+
+        @property
+        def num_copies(self) -> int:
+            """Data-parallel copies of the pipeline (1: none)."""
+            return len(self._copies)
+
+        def copy_devices(self, c):
+            """The stage devices of copy `c`."""
+            return [group[0] for group in self._copy_groups[c]]
+
+        def sync_copies(self):
+            """Gives every copy copy 0's weights (after a backup was restored into copy 0)."""
+            for c in range(1, self.num_copies):
+                self._assign_from_first(c)
+
+        def _assign_from_first(self, c):
+            for s, device in enumerate(self.copy_devices(c)):
+                with tf.device(device):
+                    for mine, first in zip(
+                            (w for layer in self._copy_stage_layers[c][s] for w in layer.weights),
+                            (w for layer in self.stage_layers[s] for w in layer.weights)):
+                        mine.assign(first)
 
         def compile(self, *args, **kwargs):
             """Keras's compile; refuses per-variable `clipnorm` on tensor-parallel layers.
@@ -160,18 +201,20 @@ def _model_class():
             """Ids of the tensors stage `s` takes (the tensors crossing its first cut)."""
             return self._graph.crossing(self._bounds[s])
 
-        def run_stage(self, s, values, training=None):
-            """Stage `s` forward on its device: its input tensors -> its output tensors.
+        def run_stage(self, s, values, training=None, copy=0):
+            """Stage `s` (of copy `copy`) forward on its device: its input tensors -> its
+            output tensors.
 
             `values` is a list aligned with `crossing(s)`, or a single tensor
             when exactly one tensor crosses; so is the result.
             """
             single = not isinstance(values, (list, tuple))
             values = [values] if single else list(values)
-            known = dict(zip(self.crossing(s), values))
+            graph = self._copy_graphs[copy]
             a, b = self._bounds[s], self._bounds[s + 1]
-            with tf.device(self.stage_devices[s]):
-                for node in self._nodes[a:b]:
+            known = dict(zip(graph.crossing(a), values))
+            with tf.device(self.copy_devices(copy)[s]):
+                for node in self._copy_nodes[copy][a:b]:
                     args, kwargs = node.arguments.fill_in(known)
                     layer = node.operation
                     if training is not None and "training" in getattr(
@@ -180,8 +223,8 @@ def _model_class():
                     out = layer(*args, **kwargs)
                     for ref, value in zip(node.outputs, tree.flatten(out)):
                         known[id(ref)] = value
-            out_ids = (self._graph.crossing(b) if s + 1 < len(self.stage_devices)
-                       else list(self._graph.outputs))
+            out_ids = (graph.crossing(b) if s + 1 < len(self.stage_devices)
+                       else list(graph.outputs))
             result = [known[i] for i in out_ids]
             return result[0] if single and len(result) == 1 else result
 
@@ -204,25 +247,68 @@ def _model_class():
 
         def train_step(self, data):
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            m, p = self.microbatches, len(self.stage_devices)
-            split = lambda t: tf.split(t, m) if t is not None else [None] * m  # noqa: E731
+            m, p, n = self.microbatches, len(self.stage_devices), self.num_copies
+            # Copy c takes rows [c*B/n, (c+1)*B/n) of the batch; each copy's rows
+            # are cut into m micro-batches: n*m equal parts, in batch order.
+            split = lambda t: tf.split(t, n * m) if t is not None else [None] * (n * m)  # noqa: E731
             flat = [split(t) for t in self._inputs(x)]
-            xs = [[parts[i] for parts in flat] for i in range(m)]
-            ys = [tree.map_structure(lambda t, i=i: split(t)[i], y) for i in range(m)]
-            sws = [None] * m if sample_weight is None else [
-                tree.map_structure(lambda t, i=i: split(t)[i], sample_weight) for i in range(m)]
+            xs = [[parts[j] for parts in flat] for j in range(n * m)]
+            ys = [tree.map_structure(lambda t, j=j: split(t)[j], y) for j in range(n * m)]
+            sws = [None] * (n * m) if sample_weight is None else [
+                tree.map_structure(lambda t, j=j: split(t)[j], sample_weight)
+                for j in range(n * m)]
+            grads, losses, preds = {}, [], []
+            for c in range(n):
+                parts = slice(c * m, (c + 1) * m)
+                g, loss, pred = self._run_schedule(c, xs[parts], ys[parts], sws[parts], n * m)
+                grads.update({(c, *key): value for key, value in g.items()})
+                losses += loss
+                preds += pred
+            gradients, variables = [], []
+            for s in range(p):
+                with tf.device(self.stage_devices[s]):  # where copy 0's stage is
+                    for k, v in enumerate(self._stage_variables[s]):
+                        total = None
+                        for c in range(n):  # copy, then micro-batch order: batch order
+                            for i in range(m):
+                                total = _add(total, grads[(c, i, s)][k])
+                        gradients.append(total)
+                        variables.append(v)
+            order = {id(v): k for k, v in enumerate(self.inner.trainable_variables)}
+            pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
+            self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+            for c in range(1, n):  # every copy goes on from copy 0's updated weights
+                self._assign_from_first(c)
+            with tf.device(self.stage_devices[-1]):
+                y_pred = tree.map_structure(lambda *t: tf.concat(t, axis=0), *preds)
+            self._loss_tracker.update_state(tf.add_n(losses) / (n * m),
+                                            sample_weight=tf.shape(self._inputs(x)[0])[0])
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+        def _run_schedule(self, c, xs, ys, sws, parts):
+            """Copy `c`'s forwards and backwards over its micro-batches, in schedule order.
+
+            Each micro-batch's mean loss is scaled by 1/`parts` (the batch's equal
+            parts over all copies), so the summed gradients are the batch's.
+
+            Returns:
+                ({(micro-batch, stage): the stage's variables' gradients}, the
+                micro-batches' losses, their predictions).
+            """
+            m, p = len(xs), len(self.stage_devices)
+            devices = self.copy_devices(c)
             tapes, ins, outs, targets = {}, {}, {}, {}
             upstream, grads = {}, {}
             losses, preds = [None] * m, [None] * m
             last = [[] for _ in range(p)]  # each stage's previous action, to keep the order
             for s, kind, i in schedules.order(self.schedule):
-                with tf.device(self.stage_devices[s]), tf.control_dependencies(last[s]):
+                with tf.device(devices[s]), tf.control_dependencies(last[s]):
                     if kind == "F":
                         h = xs[i] if s == 0 else outs[(i, s - 1)]
                         with tf.GradientTape() as tape:
                             if s > 0:  # the model's own inputs (maybe tokens) need no gradient
                                 tape.watch([t for t in h if t.dtype.is_floating])
-                            out = self.run_stage(s, list(h), training=True)
+                            out = self.run_stage(s, list(h), training=True, copy=c)
                             if s == p - 1:
                                 pred = self._pack(out)
                                 losses[i] = self._compute_loss(
@@ -230,41 +316,25 @@ def _model_class():
                                     training=True)
                                 preds[i] = pred
                                 # Mean of equal micro-batch means; scaled under mixed_float16.
-                                targets[(i, s)] = [self.optimizer.scale_loss(losses[i] / m)]
+                                targets[(i, s)] = [self.optimizer.scale_loss(losses[i] / parts)]
                         tapes[(i, s)], ins[(i, s)], outs[(i, s)] = tape, h, out
                         last[s] = tree.flatten(out)
                     else:
                         grads[(i, s)], upstream[(i, s - 1)] = self._backward(
                             s, tapes.pop((i, s)), ins.pop((i, s)),
                             targets.pop((i, s), None) or outs[(i, s)],
-                            upstream.pop((i, s), None))
+                            upstream.pop((i, s), None), copy=c)
                         last[s] = [_dense(g) for g in grads[(i, s)] if g is not None]
-            gradients, variables = [], []
-            for s in range(p):
-                with tf.device(self.stage_devices[s]):  # where the stage's gradients are
-                    for k, v in enumerate(self._stage_variables[s]):
-                        total = None
-                        for i in range(m):  # micro-batch order, whatever the schedule
-                            total = _add(total, grads[(i, s)][k])
-                        gradients.append(total)
-                        variables.append(v)
-            order = {id(v): n for n, v in enumerate(self.inner.trainable_variables)}
-            pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
-            self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
-            with tf.device(self.stage_devices[-1]):
-                y_pred = tree.map_structure(lambda *t: tf.concat(t, axis=0), *preds)
-            self._loss_tracker.update_state(tf.add_n(losses) / m,
-                                            sample_weight=tf.shape(self._inputs(x)[0])[0])
-            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            return grads, losses, preds
 
-        def _backward(self, s, tape, inputs, targets, upstream):
+        def _backward(self, s, tape, inputs, targets, upstream, copy=0):
             """Stage `s`'s backward: (its variables' gradients, its inputs' gradients)."""
             given = None
             if s < len(self.stage_devices) - 1:  # the outputs a later stage sent a gradient for
                 kept = [(t, g) for t, g in zip(targets, upstream or []) if g is not None]
                 targets, given = [t for t, _ in kept], [g for _, g in kept]
             floating = [t for t in inputs if t.dtype.is_floating] if s > 0 else []
-            variables = self._stage_variables[s]
+            variables = self._copy_stage_variables[copy][s]
             if not targets:
                 return [None] * len(variables), [None] * len(inputs)
             g = tape.gradient(targets, [*floating, *variables], output_gradients=given)
@@ -288,7 +358,7 @@ def _model_class():
 
 
 def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1,
-          schedule: str = "gpipe", tensor_parallel: int = 1):
+          schedule: str = "gpipe", tensor_parallel: int = 1, copies: int = 1):
     """Cuts a model into placed stages trained with micro-batches, each maybe tensor-parallel.
 
     Args:
@@ -305,6 +375,10 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             attention layers split by heads and its feed-forward Dense pairs
             by units over them (`tensor_parallel`), its other layers on the
             first. T = 1: each stage on one device.
+        copies: C, data-parallel copies of the pipeline: `devices` holds C
+            groups of P*T (copy-major); each copy takes 1/C of every batch, the
+            copies' gradients are summed before the one update (on copy 0),
+            and every copy then takes copy 0's weights.
 
     Returns:
         A `PipelineModel` (uncompiled) starting from `model`'s weights.
@@ -313,6 +387,24 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         ConfigError: for a model that cannot be cut, a bad placement, a missing device.
     """
     schedules.build(schedule, 1, 1)  # the name, before any work
+    if copies > 1:
+        if placement or not devices or len(devices) % copies:
+            raise ConfigError(f"{copies} copies of the pipeline need devices for each "
+                              f"(copy-major) and no placement. Received: {len(devices or [])} "
+                              f"device(s), placement {placement!r}.")
+        per = len(devices) // copies
+        groups_of = [devices[c * per:(c + 1) * per] for c in range(copies)]
+        first = split(model, groups_of[0], "", microbatches, schedule, tensor_parallel)
+        stage_of = {layer.name: s for s, stage in enumerate(first.stage_layers)
+                    for layer in stage}
+        extra = []
+        for group in groups_of[1:]:
+            stage_groups = _groups(group, tensor_parallel)
+            extra.append((placement_lib.placed_clone(
+                model, {name: stage_groups[s] for name, s in stage_of.items()}),
+                stage_groups))
+        return _model_class()(first.inner, stage_of, first.stage_groups, microbatches,
+                              schedule, copies=extra, name=model.name)
     t = plan.check_tensor_parallel(len(devices or []), tensor_parallel, bool(placement))
     graph = graph_lib.from_keras(model)
     if placement:
@@ -325,7 +417,7 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
                               "or --placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
         groups = [tuple(devices[s * t:(s + 1) * t]) for s in range(len(devices) // t)]
         cuts = graph_lib.balanced_cuts(graph, len(groups))
-        stage_devices = groups if t > 1 else list(devices)
+        stage_devices = _groups(devices, t)
     bounds = [0, *cuts, len(graph.nodes)]
     stage_of = {}
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
@@ -339,6 +431,13 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         model, {name: stage_devices[s] for name, s in stage_of.items()})
     return _model_class()(inner, stage_of, stage_devices, microbatches, schedule,
                           name=model.name)
+
+
+def _groups(devices, t):
+    """Each stage's device (T = 1) or tuple of T devices."""
+    if t == 1:
+        return list(devices)
+    return [tuple(devices[s * t:(s + 1) * t]) for s in range(len(devices) // t)]
 
 
 def pipeline_model_class():

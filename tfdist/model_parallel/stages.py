@@ -30,24 +30,33 @@ def task_device(index: int) -> str:
     return f"/job:{JOB}/replica:0/task:{index}/device:CPU:0"
 
 
-def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
-    """Pure function: the device of each stage, task s holding stage s.
+def layout(num_tasks: int, stages: int = 0) -> tuple[int, int]:
+    """Pure function: (stages P, data-parallel copies C) of a job of P*C tasks.
+
+    Task c*P + s holds stage s of copy c; the chief (task 0) holds stage 0 of copy 0.
 
     Args:
         num_tasks: The job's processes.
-        stages: Stages asked for (0: one per task).
+        stages: Stages asked for (0: one per task, a single copy).
 
     Raises:
-        ConfigError: when `stages` is not the number of tasks.
+        ConfigError: when `stages` is below 2 or does not divide the tasks.
     """
     stages = stages or num_tasks
-    if stages < 2 or stages != num_tasks:
+    if stages < 2 or num_tasks % stages:
         raise ConfigError(
             f"--stages {stages} on {num_tasks} task(s): a pipeline across processes runs one "
-            f"stage per task, so --stages must be the number of tasks ({num_tasks}), at least 2. "
-            f"Start {stages} tasks (python -m tfdist.launch -n {stages} -- ...), or leave "
-            "--stages out.")
-    return [task_device(s) for s in range(stages)]
+            f"stage per task, in copies of --stages tasks each, so --stages must be at least 2 "
+            f"and divide the number of tasks ({num_tasks}). Start a multiple of {stages} tasks "
+            "(python -m tfdist.launch -n N -- ...), or leave --stages out (one copy, a stage "
+            "per task).")
+    return stages, num_tasks // stages
+
+
+def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
+    """Pure function: every task's device, copy-major (copy c's stage s is task c*P + s)."""
+    layout(num_tasks, stages)
+    return [task_device(t) for t in range(num_tasks)]
 
 
 def check_cluster(cluster) -> None:
@@ -79,12 +88,12 @@ def check_options(cluster, stages: int, devices: int, tensor_parallel: int,
         ConfigError: for an option that has no meaning across processes.
     """
     check_cluster(cluster)
-    stage_list = stage_devices(cluster.num_tasks, stages)
-    if devices and devices != len(stage_list):
+    p, _ = layout(cluster.num_tasks, stages)
+    if devices and devices != p:
         raise ConfigError(
             f"--devices {devices} splits one process's CPU; across processes each of the "
             f"{cluster.num_tasks} tasks is a stage. Pass --devices 0 (a recipe may set it) or "
-            f"--devices {len(stage_list)}.")
+            f"--devices {p}.")
     if tensor_parallel > 1:
         raise ConfigError(
             f"--tensor-parallel {tensor_parallel} is not yet supported across processes: "
@@ -94,7 +103,7 @@ def check_options(cluster, stages: int, devices: int, tensor_parallel: int,
         raise ConfigError(
             "--placement names one process's devices; across processes the stages are cut "
             "evenly, one per task. Drop --placement.")
-    return stage_list
+    return stage_devices(cluster.num_tasks, stages)
 
 
 def wait_for(addresses: list[str], timeout_s: float, poll_s: float = 0.5) -> None:

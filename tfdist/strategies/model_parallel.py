@@ -31,7 +31,7 @@ def build(cluster, options):
 
 
 def transform_model(model, options, microbatches: int = 1, schedule: str = "gpipe",
-                    devices: list[str] | None = None):
+                    devices: list[str] | None = None, copies: int = 1):
     """Splits `model` into placed stages and prints the placement table.
 
     Args:
@@ -40,6 +40,7 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
         microbatches: Micro-batches per batch (1: naive model parallelism).
         schedule: The pipeline schedule ("gpipe" or "1f1b").
         devices: The stages' devices; None: `options.devices` local ones (or the placement's).
+        copies: Data-parallel copies of the pipeline over `devices` (copy-major).
 
     Returns:
         A `tfdist.model_parallel.pipeline` PipelineModel with `model`'s weights.
@@ -50,12 +51,15 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
     if devices is None and not options.placement:
         devices = local_devices(options.devices)
     split = pipeline.split(model, devices, options.placement, microbatches, schedule,
-                           options.tensor_parallel)
+                           options.tensor_parallel, copies)
     table = plan.format_placement(placement.placement_rows(split.pipeline_layers))
     tensor = (f", {options.tensor_parallel}-way tensor parallel in each"
               if options.tensor_parallel > 1 else "")
     print(f"tfdist: placement of {model.name!r} over {len(split.stage_devices)} stage(s){tensor}, "
           f"{microbatches} micro-batch(es) per batch\n{table}", flush=True)
+    for c in range(1, getattr(split, "num_copies", 1)):
+        held = sorted({placement.short_name(v.value.device) for v in split._copies[c].weights})
+        print(f"tfdist: data-parallel copy {c} of the stages: {', '.join(held)}", flush=True)
     return split
 
 

@@ -22,20 +22,22 @@ def build(cluster, options):
     return model_parallel.build(cluster, options)
 
 
-def transform_model(model, options, devices=None):
+def transform_model(model, options, devices=None, copies=1):
     """Splits `model` into stages trained with `options.microbatches` micro-batches.
 
     Args:
         model: The recipe's built model.
         options: StrategyOptions.
         devices: The stages' devices (tasks across processes); None: local devices.
+        copies: Data-parallel copies of the pipeline over `devices` (copy-major).
     """
     from tfdist.model_parallel import plan
 
     split = model_parallel.transform_model(model, options, options.microbatches,
-                                           options.schedule, devices=devices)
+                                           options.schedule, devices=devices, copies=copies)
     p = len(split.stage_devices)
-    print(f"tfdist: pipeline p={p} m={options.microbatches} schedule={options.schedule} "
+    data = f" x {copies} data-parallel copies" if copies > 1 else ""
+    print(f"tfdist: pipeline p={p}{data} m={options.microbatches} schedule={options.schedule} "
           f"theoretical bubble {plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
     return split
 
@@ -48,7 +50,23 @@ class StageHooks(model_parallel.ModelParallelHooks):
 
         self.cluster = cluster
         devices = stages.stage_devices(cluster.num_tasks, options.stages)
-        super().__init__(options, lambda model, opts: transform_model(model, opts, devices))
+        _, copies = stages.layout(cluster.num_tasks, options.stages)
+        super().__init__(options,
+                         lambda model, opts: transform_model(model, opts, devices, copies))
+        self.copies = copies
+
+    def callbacks(self, cfg, learning_rate):
+        """Copies of the pipeline take copy 0's weights when training starts (a
+        backup restores copy 0's only)."""
+        if self.copies == 1:
+            return []
+        import keras
+
+        class SyncCopies(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                self.model.sync_copies()
+
+        return [SyncCopies()]
 
     def build_model(self, build):
         """Without values: each stage's are computed on its task (`model_parallel.deferred`)."""
