@@ -24,15 +24,17 @@ def check(cluster, *args):
     trainer.check_before_tensorflow(cfg, cluster)
 
 
-def test_each_task_holds_one_stage_on_its_own_cpu():
+def test_each_task_holds_one_stage_on_its_own_cpu_copy_major():
     assert stages.stage_devices(3) == [
         "/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0",
         "/job:worker/replica:0/task:2/device:CPU:0"]
     assert stages.stage_devices(2, stages=2) == stages.stage_devices(2)
+    assert stages.layout(3) == (3, 1) and stages.layout(6, 2) == (2, 3)
+    assert stages.layout(4, 4) == (4, 1)
 
 
-@pytest.mark.parametrize("n,asked", [(2, 3), (4, 2), (1, 0)])
-def test_stages_other_than_one_per_task_are_refused_naming_both(n, asked):
+@pytest.mark.parametrize("n,asked", [(2, 3), (6, 4), (1, 0), (4, 1)])
+def test_stages_that_do_not_divide_the_tasks_are_refused_naming_both(n, asked):
     with pytest.raises(ConfigError, match=rf"--stages {asked or n} on {n} task\(s\)"):
         stages.stage_devices(n, asked)
 
@@ -55,6 +57,7 @@ def test_pipeline_started_as_several_tasks_is_one_stage_each_and_only_the_chief_
     (["--tensor-parallel", "2"], "--tensor-parallel 2 is not yet supported across processes"),
     (["--placement", "a=/cpu:0;b=/cpu:1"], "--placement names one process's devices"),
     (["--stages", "3"], "--stages 3 on 2 task(s)"),
+    (["--stages", "1"], "--stages 1 on 2 task(s)"),
 ])
 def test_options_without_meaning_across_processes_are_refused_before_tensorflow(args, says):
     with pytest.raises(ConfigError) as err:
