@@ -156,7 +156,7 @@ class Distributed:
 def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | None = None,
           collective: str = "auto", timeout_s: float | None = 300.0,
           microbatches: int = 1, schedule: str = "gpipe", placement: str = "",
-          grad_compression: str = "none",
+          tensor_parallel: int = 1, grad_compression: str = "none",
           tf_logs: bool = False) -> Distributed:
     """Finds the cluster, starts TensorFlow quietly and builds the strategy.
 
@@ -178,6 +178,9 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
         schedule: pipeline: "gpipe" or "1f1b".
         placement: model_parallel, pipeline: "a,b=/cpu:0;c=/cpu:1" layer groups
             on devices; empty for an even split over `devices`.
+        tensor_parallel: model_parallel, pipeline: devices per stage, over
+            which each stage's attention heads and feed-forward Dense pairs
+            are split (`devices` is stages x tensor_parallel).
         grad_compression: "none", "fp16" or "bf16": gradients cast for the
             all-reduce and back (data-parallel strategies).
         tf_logs: Show TensorFlow's C++ start-up lines.
@@ -206,6 +209,7 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
                                          timeout_s=timeout_s, microbatches=microbatches,
                                          schedule=schedule,
                                          placement=placement,
+                                         tensor_parallel=tensor_parallel,
                                          grad_compression=grad_compression)
     adapter, built = strategies.build(strategy, info, options, gpu_count())
     return Distributed(strategy=built, name=adapter.name, cluster=info, hooks=adapter.hooks())

@@ -255,3 +255,26 @@ def test_keras_masks_of_the_inputs_are_honoured_as_multi_head_attention_does(tp)
     np.testing.assert_allclose(split(embed(tokens), embed(tokens)), expected, **FORWARD)
     unmasked = mha(keras.ops.convert_to_tensor(x.numpy()), keras.ops.convert_to_tensor(x.numpy()))
     assert np.abs(np.asarray(unmasked) - np.asarray(expected)).max() > 1e-3  # the mask mattered
+
+
+def test_optimizers_reading_whole_variables_are_refused_on_shards(tp):
+    import keras
+
+    tokens = keras.Input((4, 8))
+    h = keras.layers.Dense(16, activation="relu", name="ffn_in")(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(8, name="ffn_out")(h))
+    split = [tp.parallel_copy(model.get_layer("ffn_in"), SAME, "column"),
+                              tp.parallel_copy(model.get_layer("ffn_out"), SAME, "row")]
+    for optimizer in (keras.optimizers.Adam(global_clipnorm=1.0), keras.optimizers.SGD(0.1),
+                      keras.optimizers.Lion(), keras.optimizers.AdamW()):
+        tp.check_optimizer(optimizer, split)  # elementwise steps, one global norm: fine
+    # Without a tensor-parallel layer every variable is whole: nothing to refuse.
+    tp.check_optimizer(keras.optimizers.Lamb(), model.layers)
+    for optimizer, what in ((keras.optimizers.Lamb(), "Lamb scales"),
+                            (keras.optimizers.Adafactor(), "Adafactor scales"),
+                            (keras.mixed_precision.LossScaleOptimizer(keras.optimizers.Lamb()),
+                             "Lamb scales"),
+                            (keras.optimizers.Adam(clipnorm=1.0), r"own norm \(clipnorm=1.0")):
+        with pytest.raises(ConfigError, match=rf"{what}.*tensor-parallel layers \('ffn_in' "
+                                              r"and 1 more\).*or no tensor parallelism"):
+            tp.check_optimizer(optimizer, split)

@@ -1,7 +1,8 @@
 """Test worker: one strategy trains every cell of the equality matrix in turn.
 
     python tests/workers/equality_matrix.py STRATEGY OUT_DIR [--devices N]
-        [--microbatches M] [--models dense,attention] [--variants CELL,...] [--steps S]
+        [--microbatches M] [--tensor-parallel T] [--models dense,attention]
+        [--variants CELL,...] [--steps S]
 
 A cell is (model, optimizer): a dense MLP; a small Transformer-style model
 (Embedding with repeated tokens, so its gradient is an IndexedSlices with
@@ -19,7 +20,10 @@ Every model of `--models` is a tower of one Keras model, so one `fit` per
 optimizer trains a whole row of cells (see `build_model`). Each worker writes
 OUT_DIR/worker{RANK}/{model}-{optimizer}[-{what}].npz with the trained
 weights of each tower (keys are the variables' paths without the model's
-prefix), and {model}.init with each model's initial weights.
+prefix; a tensor-parallel model's shards gathered into the plain layers'
+weights), or {model}-{optimizer}.refused with the text of the strategy's
+refusal; {model}.init with each model's initial weights; and, for a split
+model, split.layers naming each layer's class (tensor-parallel or plain).
 """
 
 from __future__ import annotations
@@ -111,8 +115,20 @@ def dataset(kinds, n):
     return tf.data.Dataset.from_tensor_slices((tuple(xs), tuple(ys)))
 
 
+def save_split(model, out):
+    """OUT/split.layers: "name ClassName" per layer of a split model (tensor-parallel or not)."""
+    layers = getattr(model, "pipeline_layers", None)
+    if layers is not None:
+        with open(os.path.join(out, "split.layers"), "w") as f:
+            f.writelines(f"{layer.name} {type(layer).__name__}\n" for layer in layers)
+
+
 def save_towers(model, kinds, stem):
     """STEM with KIND for OPTIMIZER: writes KIND-REST.npz per tower, keys without the prefix."""
+    if hasattr(model, "unsplit"):  # model_parallel, pipeline: the plain model, shards gathered
+        from tfdist.model_parallel import tensor_parallel
+
+        model = tensor_parallel.gather_model(model.unsplit())
     for kind in kinds:
         prefix = f"{kind}_"
         np.savez(stem.format(kind=kind), **{v.path[len(prefix):]: v.numpy()
@@ -126,6 +142,7 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=None)
     parser.add_argument("--microbatches", type=int, default=1)
     parser.add_argument("--schedule", default="gpipe")
+    parser.add_argument("--tensor-parallel", type=int, default=1)
     parser.add_argument("--models", default="dense,attention")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--variants", default="")
@@ -135,7 +152,8 @@ def main(argv=None):
     import tfdist
 
     dist = tfdist.setup(args.strategy, devices=args.devices, threads=1,
-                        microbatches=args.microbatches, schedule=args.schedule)
+                        microbatches=args.microbatches, schedule=args.schedule,
+                        tensor_parallel=args.tensor_parallel)
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
@@ -162,11 +180,20 @@ def train_cell(dist, kinds, name, steps, accumulate, stem):
     """Trains one row of cells (every model in `kinds`, one optimizer) and saves each tower."""
     import keras
 
+    from tfdist.errors import ConfigError
+
     with dist.scope():
-        model = dist.model(build_model(kinds))
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        model.compile(optimizer=dist.optimizer(make_optimizer(name, accumulate)),
-                      loss=[loss] * len(kinds), **dist.compile_kwargs())
+        try:
+            model = dist.model(build_model(kinds))
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            model.compile(optimizer=dist.optimizer(make_optimizer(name, accumulate)),
+                          loss=[loss] * len(kinds), **dist.compile_kwargs())
+        except ConfigError as e:  # the strategy refuses the row: its text, for the test
+            for kind in kinds:
+                with open(stem.format(kind=kind)[:-len(".npz")] + ".refused", "w") as f:
+                    f.write(str(e))
+            return
+    save_split(model, os.path.dirname(stem))
     # k accumulated batches of B/k are one batch of B: the same examples, the same step.
     data = dist.shard(dataset(kinds, GLOBAL_BATCH * steps), GLOBAL_BATCH // accumulate,
                       repeat=False)
