@@ -46,16 +46,23 @@ def test_run_config_leaves_out_run_control_and_differences_name_each_option():
                                         "--seed 0 there, 1 here"]  # auto matches any strategy
 
 
-def test_data_parallel_strategies_and_devices_are_not_the_identity():
+def test_synchronous_strategies_and_their_layout_are_not_the_identity():
     mwms = run_dir.run_config(_cfg(strategy="multi_worker"))
     for here in (_cfg(strategy="single"), _cfg(strategy="mirrored", devices=3),
                  _cfg(strategy="horovod"), _cfg(strategy="shm")):
         assert run_dir.differences(mwms, run_dir.run_config(here)) == []
-    assert run_dir.differences(mwms, run_dir.run_config(_cfg(strategy="pipeline"))) == [
-        "--strategy 'multi_worker' there, 'pipeline' here"]
+    # A pipeline (any stages, micro-batches, schedule) is the same math as one device.
+    pipeline = run_dir.run_config(_cfg(strategy="pipeline", microbatches=4, stages=2,
+                                       schedule="1f1b", devices=0))
+    assert run_dir.differences(mwms, pipeline) == []
     mp = run_dir.run_config(_cfg(strategy="model_parallel", devices=2))
-    assert run_dir.differences(mp, run_dir.run_config(_cfg(strategy="model_parallel"))) == [
-        "--devices 2 there, 0 here"]
+    assert run_dir.differences(mp, run_dir.run_config(_cfg(strategy="model_parallel"))) == []
+    # Tensor parallelism stores each weight as shards: not a layout a backup crosses.
+    assert run_dir.differences(mp, run_dir.run_config(
+        _cfg(strategy="model_parallel", tensor_parallel=2))) == [
+        "--tensor-parallel 1 there, 2 here"]
+    assert run_dir.differences(mwms, run_dir.run_config(_cfg(strategy="parameter_server"))) == [
+        "--strategy 'multi_worker' there, 'parameter_server' here"]
     assert run_dir.differences(mwms, run_dir.run_config(
         _cfg(strategy="single", global_batch_size=96))) == [
         "--global-batch-size 64 there, 96 here"]

@@ -43,14 +43,16 @@ RUN_CONTROL = frozenset({
 # the rule its learning rate follows the batch by.
 BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 
-# Synchronous data-parallel strategies compute the same math on any number of
-# replicas at one global batch (every global batch holds the same examples, all
-# replicas hold the same weights), so a run may move between them and between
-# replica counts: the strategy and --devices are how it is run, not what it
-# computes. `auto` resolves to one of them (or to an asynchronous strategy, whose
-# backups name their recipe and variables anyway). The adapters say which
-# (`Adapter.portable`).
+# Synchronous strategies compute the same math on any number of replicas or
+# pipeline stages at one global batch (every global batch holds the same
+# examples, one set of weights), so a run may move between them and between
+# replica and stage counts: the strategy, --devices and the pipeline's layout are
+# how it is run, not what it computes. `auto` resolves to one of them (or to an
+# asynchronous strategy, whose backups name their recipe and variables anyway).
+# The adapters say which (`Adapter.portable`). Tensor parallelism is not layout
+# only: it stores each weight as shards.
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
+LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement"})
 
 
 def run_config(cfg: dict) -> dict:
@@ -73,8 +75,8 @@ def differences(recorded: dict, current: dict, batch_change_ok: bool = False) ->
     """Pure function: 'key: A there, B here' for each option that differs.
 
     `strategy: auto` matches any strategy (auto picks by environment); between
-    data-parallel strategies neither the strategy nor --devices counts (see
-    `DATA_PARALLEL`); keys only one side knows (an option added since) are ignored;
+    synchronous strategies neither the strategy nor its layout counts (see
+    `DATA_PARALLEL`, `LAYOUT`); keys only one side knows (an option added since) are ignored;
     with `batch_change_ok` (--rescale-lr-on-batch-change) neither do `BATCH_CHANGE`'s.
     """
     out = []
@@ -83,7 +85,7 @@ def differences(recorded: dict, current: dict, batch_change_ok: bool = False) ->
         a, b = recorded[key], current[key]
         if key == "strategy" and "auto" in (a, b):
             continue
-        if key in ("strategy", "devices") and portable:
+        if key in LAYOUT and portable:
             continue
         if key in BATCH_CHANGE and batch_change_ok:
             continue

@@ -24,16 +24,16 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, run_py, tail, wait_for_checkpoint
+from tests.conftest import REPO, WORKERS, clean_env, override, run_py, tail, wait_for_checkpoint
 from tfdist import exit_codes
 from tfdist.launch import free_ports, worker_tf_configs
 
 pytestmark = pytest.mark.integration
 
 DUMP = os.path.join(WORKERS, "train_dump.py")
-ARGS = ["model_parallel_mlp", "--epochs", "2", "--seed", "0", "--deterministic",
-        "--hidden-units", "64", "--optimizer", "adam", "--learning-rate", "0.01",
-        "--verbose", "0", "--threads", "1", "--save-every-steps", "5"]
+ARGS = ["model_parallel_mlp", "--seed", "0", "--deterministic",
+        "--hidden-units", "64", "--optimizer", "adam", "--learning-rate", "0.003",
+        "--verbose", "0", "--threads", "1", "--save-every-steps", "5", "--epochs", "2"]
 PIPELINE = ["--strategy", "pipeline", "--devices", "0"]  # the recipe's 2: one process's
 RUNS = {"single": (1, ["--strategy", "single"]),
         "two": (2, [*PIPELINE, "--microbatches", "2"]),
@@ -142,3 +142,26 @@ def test_a_killed_stage_ends_the_job_naming_it_and_the_rerun_resumes_to_the_same
     assert "resumed from" in out
     for a, b in zip(_weights(dump), runs["two"][0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_backup_resumes_split_another_way_or_unsplit_with_the_same_math(runs, tmp_path):
+    """One more epoch: the 2-stage run's backup resumed in one process, and the
+    one-process run's backup resumed as 4 stage processes, end alike."""
+    extended = override(ARGS, "--epochs", "3")
+    ends = {}
+    for name, n, extra in (("two", 1, ["--strategy", "single"]),
+                           ("single", 4, [*PIPELINE, "--microbatches", "2"])):
+        dump = str(tmp_path / name)
+        command = [DUMP, dump, *extended, *extra, "--model-dir", runs[name][1]]
+        if n > 1:
+            command = ["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--",
+                       sys.executable, *command]
+        proc = run_py(command, timeout=300)
+        assert proc.returncode == 0, tail(proc)
+        assert "resumed from" in proc.stdout and "epoch 2, step 0 of 22" in proc.stdout, \
+            tail(proc)
+        ends[name] = _weights(dump)
+    for a, b in zip(ends["two"], ends["single"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(ends["two"], runs["two"][0]))
+    assert moved > 1e-3  # the third epoch trained

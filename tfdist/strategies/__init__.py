@@ -222,9 +222,9 @@ class Adapter:
             (the cluster's workers are the replicas; `--warmup-epochs`).
         sync_workers: The cluster's workers share each global batch
             synchronously, so it must divide by their number.
-        portable: Synchronous data parallelism: the same math on any number
-            of replicas at one global batch, so a backup resumes under any
-            other portable adapter (`tfdist.run_dir`).
+        portable: Synchronous training: the same math on any number of
+            replicas or stages at one global batch, so a backup resumes under
+            any other portable adapter (`tfdist.run_dir`).
         one_process: Trains in one process; refused as one task of several
             (each would train alone, unsynchronised).
     """

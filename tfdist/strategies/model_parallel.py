@@ -80,6 +80,7 @@ class ModelParallel(Adapter):
     name = "model_parallel"
     accepts = ("devices", "placement", "tensor_parallel")
     one_process = True
+    portable = True  # the same math as one device: a backup resumes split another way
 
     @classmethod
     def check_config(cls, cfg, cluster):

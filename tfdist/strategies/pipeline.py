@@ -90,6 +90,7 @@ class Pipeline(model_parallel.ModelParallel):
     loop = "stages"
     accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel", "stages")
     one_process = False  # one stage per task when started as several
+    portable = True  # the same math as one device: a backup resumes at any P, or unsplit
 
     @classmethod
     def check_cluster(cls, cluster):
