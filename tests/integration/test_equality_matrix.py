@@ -177,9 +177,6 @@ def test_tensor_parallel_cells_equal_single_replica(matrix):
     _check_strategy("tensor_parallel", workers, reference, refused=WHOLE_WEIGHT)
 
 
-@pytest.mark.xfail(strict=True, reason="PipelineModel.compile (tfdist/model_parallel/pipeline.py) "
-                   "does not call tensor_parallel.check_optimizer yet: LAMB and Adafactor train "
-                   "on shards and differ from one device")
 def test_tensor_parallel_refuses_optimizers_that_read_whole_variables(matrix):
     cells = matrix("tensor_parallel")["worker0"]
     for model in TENSOR_PARALLEL.split(","):

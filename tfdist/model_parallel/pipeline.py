@@ -173,25 +173,18 @@ def _model_class():
                         mine.assign(first)
 
         def compile(self, *args, **kwargs):
-            """Keras's compile; refuses per-variable `clipnorm` on tensor-parallel layers.
+            """Keras's compile; refuses optimizers that would step tensor-parallel shards
+            unlike their whole weights (`tensor_parallel.check_optimizer`).
 
             Raises:
-                ConfigError: `clipnorm` would clip each shard by its own norm.
+                ConfigError: per-variable `clipnorm`, or an optimizer that reads whole
+                    variables (LAMB, Adafactor, Muon), with tensor-parallel layers.
             """
             super().compile(*args, **kwargs)
             _update_where_the_variable_lives(self.optimizer)
             from tfdist.model_parallel import tensor_parallel
 
-            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-            split = [layer.name for layer in self.pipeline_layers
-                     if tensor_parallel.is_tensor_parallel(layer)]
-            if getattr(inner, "clipnorm", None) and split:
-                raise ConfigError(
-                    f"The optimizer clips each variable by its own norm (clipnorm="
-                    f"{inner.clipnorm}), but tensor-parallel layers ({split[0]!r} and "
-                    f"{len(split) - 1} more) hold each weight as shards, so each shard would "
-                    "be clipped alone. Use global_clipnorm (tfdist's --clipnorm is global), "
-                    "or no tensor parallelism.")
+            tensor_parallel.check_optimizer(self.optimizer, self.pipeline_layers)
 
         def stage(self, s):
             """The layers of stage `s`."""
