@@ -2,9 +2,10 @@
 
 numbers_to_words at a tiny size (d_model 32), 40 steps of Adam with the Noam
 schedule (warmup 8) and clipping at norm 1.0, deterministic ops, each against
-one device: in float32, pipeline with GPipe and 1F1B, 2-way tensor parallel
-(model_parallel, one stage), 2 stages x 2-way tensor parallel (pipeline over 4
-logical CPUs) and mirrored; under `--precision mixed_float16`, mirrored, 1F1B
+one device: in float32, pipeline with GPipe (each of the 2 stages in a process
+of its own, started by tfdist.launch -n 2) and 1F1B (4 micro-batches over 2
+logical CPUs), 2-way tensor parallel (model_parallel, one stage), 2 stages x
+2-way tensor parallel (pipeline over 4 logical CPUs) and mirrored; under `--precision mixed_float16`, mirrored, 1F1B
 (4 micro-batches), 2-way tensor parallel and 2 stages x 2-way (GPipe).
 
 float32 tolerance: attention under Adam amplifies rounding, so summation
@@ -67,7 +68,8 @@ RTOL, ATOL = 5e-5, 1e-6
 RUNS = {
     "single": ["--strategy", "single"],
     "mirrored": ["--strategy", "mirrored", "--devices", "2"],
-    "gpipe": ["--strategy", "pipeline", "--devices", "2", "--microbatches", "2"],
+    # GPipe with each stage in a process of its own (tfdist.launch -n 2: LAUNCHED).
+    "stages2": ["--strategy", "pipeline", "--microbatches", "2"],
     "1f1b": ["--strategy", "pipeline", "--devices", "2", "--microbatches", "4",
              "--schedule", "1f1b"],
     "tp2": ["--strategy", "model_parallel", "--devices", "2", "--tensor-parallel", "2"],
@@ -76,6 +78,7 @@ RUNS = {
 }
 # mixed_float16: the reference, its floor (mirrored), a pipeline, TP and both together.
 FP16_RUNS = ("single", "mirrored", "1f1b", "tp2", "pp2tp2")
+LAUNCHED = {"stages2": 2}  # runs started as this many tasks
 FP16_TOL = 0.08  # per weight, relative norm difference; see the module docstring
 
 
@@ -87,8 +90,11 @@ def runs(tmp_path_factory):
              for name in FP16_RUNS]
     out = {}
     for name, extra in todo:
-        proc = run_py(["-m", "tfdist.train", *TINY, "--model-dir", str(tmp / name), *extra],
-                      timeout=300)
+        command = ["-m", "tfdist.train", *TINY, "--model-dir", str(tmp / name), *extra]
+        if name in LAUNCHED:
+            command = ["-m", "tfdist.launch", "-n", str(LAUNCHED[name]), "--timeout", "280",
+                       "--", sys.executable, *command]
+        proc = run_py(command, timeout=300)
         assert proc.returncode == 0, tail(proc)
         out[name] = str(tmp / name)
     return out
@@ -112,7 +118,7 @@ def _worst(got, want):
                for k in want)
 
 
-@pytest.mark.parametrize("name", ["mirrored", "gpipe", "1f1b", "tp2", "pp2tp2"])
+@pytest.mark.parametrize("name", ["mirrored", "stages2", "1f1b", "tp2", "pp2tp2"])
 def test_split_transformer_equals_one_device(runs, name):
     single = _weights(runs["single"])
     got = _weights(runs[name])
@@ -157,7 +163,7 @@ def test_saved_split_models_load_with_keras_alone_and_translate_alike(runs):
               "    digits = r.encode(numbers, n)[0]\n"
               "    out[d] = [r.to_text(t) for t in r.greedy_decode(m, digits, n + 1)]\n"
               "print('RESULT', json.dumps(out))\n")
-    dirs = [runs[n] for n in ("single", "gpipe", "1f1b", "tp2", "pp2tp2")]
+    dirs = [runs[n] for n in ("single", "stages2", "1f1b", "tp2", "pp2tp2")]
     proc = run_py(["-c", script, os.path.join(REPO, "recipes"), *dirs], timeout=180)
     assert proc.returncode == 0, tail(proc)
     import json
