@@ -64,8 +64,9 @@ OPTIONS: dict[str, Option] = {
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
     "collective": Option("auto", "MultiWorkerMirroredStrategy collective implementation",
                          choices=IMPLEMENTATIONS),
-    "collective_timeout_s": Option(60.0, "seconds after which a collective whose peer is "
-                                   "silent ends the job (a lost host is noticed in ~10 s)",
+    "collective_timeout_s": Option(60.0, "seconds after which a collective (or a pipeline "
+                                   "step) whose peer is silent ends the job (a lost host is "
+                                   "noticed in ~10 s)",
                                    gt=0),
     "startup_timeout_s": Option(300.0, "seconds a worker waits for its peers to start before "
                                 "the job ends (0: for ever)", ge=0),

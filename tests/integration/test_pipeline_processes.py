@@ -7,8 +7,9 @@ stages (4 processes) each end with the weights of one process (rtol 1e-5). The c
 placement table, read from the variables, shows every other stage's weights
 on its own task. The saved model is the plain, unsplit Keras model.
 
-A stage killed with SIGKILL ends the job, naming the stage and its address;
-the same command again resumes from the last backup and ends with the
+A stage killed with SIGKILL, and one stopped with SIGSTOP (a hung host: its
+port stays open), each end the job naming the stage and its address; the
+same command again resumes from the last backup and ends with the
 uninterrupted run's weights.
 """
 
@@ -104,36 +105,53 @@ def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
     assert float(total) == pytest.approx(sum(float(np.abs(w).sum()) for w in weights), rel=1e-6)
 
 
-def _start_stages(dump, model_dir, delay_ms):
+def _start_stages(dump, model_dir, delay_ms, extra=()):
     """Two stage tasks started by hand (no launcher to stop the chief)."""
     procs = []
     for i, cfg in enumerate(worker_tf_configs(free_ports(2))):
         faults = ["--step-delay-ms", str(delay_ms)] if i == 0 else []
         procs.append(subprocess.Popen(
-            [sys.executable, DUMP, dump, *faults, *ARGS, *RUNS["two"][1],
+            [sys.executable, DUMP, dump, *faults, *ARGS, *RUNS["two"][1], *extra,
              "--model-dir", model_dir], env=clean_env(TF_CONFIG=json.dumps(cfg)), cwd=REPO,
             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
 
 
-def test_a_killed_stage_ends_the_job_naming_it_and_the_rerun_resumes_to_the_same_weights(
-        runs, tmp_path):
-    model_dir, dump = str(tmp_path / "model"), str(tmp_path / "dump")
-    chief, stage = _start_stages(dump, model_dir, delay_ms=50)
+def _interrupt(dump, model_dir, sig, extra=()):
+    """Starts the two stages, `sig` to stage 1 once a backup exists; (chief's stderr, s waited)."""
+    chief, stage = _start_stages(dump, model_dir, delay_ms=50, extra=extra)
     try:
+        backups = os.path.join(model_dir, "backup")
+        before = set(os.listdir(backups)) if os.path.isdir(backups) else set()
         wait_for_checkpoint(model_dir, alive=lambda: chief.poll() is None, what="the chief")
-        stage.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        _, err = chief.communicate(timeout=90)
-        waited = time.monotonic() - killed
+        while set(os.listdir(backups)) <= before:  # a backup of this run, not the last one's
+            assert chief.poll() is None, chief.communicate()[1][-3000:]
+            time.sleep(0.05)
+        stage.send_signal(sig)
+        sent = time.monotonic()
+        _, err = chief.communicate(timeout=120)
+        waited = time.monotonic() - sent
     finally:
         for p in (chief, stage):
-            p.kill() if p.poll() is None else None
+            p.kill() if p.poll() is None else None  # SIGKILL ends a stopped process too
             p.communicate()
     assert chief.returncode == exit_codes.PEER_LOST, err[-3000:]
+    return err, waited
+
+
+def test_a_killed_or_stopped_stage_ends_the_job_naming_it_and_reruns_resume_to_the_same_weights(
+        runs, tmp_path):
+    model_dir, dump = str(tmp_path / "model"), str(tmp_path / "dump")
+    err, waited = _interrupt(dump, model_dir, signal.SIGKILL)
     assert waited < 30
     assert "lost contact with pipeline stage 1 (127.0.0.1:" in err, err[-3000:]
     assert "rerun the same command to resume" in err
+
+    # A stopped stage (a hung host) keeps its port open: the watchdog's op probe finds it.
+    err, waited = _interrupt(dump, model_dir, signal.SIGSTOP, ["--collective-timeout-s", "4"])
+    assert waited < 30, err[-3000:]
+    assert "lost contact with pipeline stage 1 (127.0.0.1:" in err, err[-3000:]
+    assert "did not answer an op" in err and "Rerun the same command" in err
 
     chief, stage = _start_stages(dump, model_dir, delay_ms=0)  # the same command again
     out, err = chief.communicate(timeout=240)

@@ -96,3 +96,24 @@ def test_the_lost_stage_is_the_first_other_task_whose_port_is_closed():
     # The chief's own address is never probed (it is this process).
     assert stages.lost_stage(cluster, reachable=lambda a: a == "127.0.0.1:4001"
                              or a != "127.0.0.1:4000") is None
+
+
+def test_a_step_is_overdue_after_the_timeout_and_never_without_one():
+    assert not stages.step_overdue(100.0, None, 60)
+    assert not stages.step_overdue(159.9, 100.0, 60)
+    assert stages.step_overdue(160.0, 100.0, 60)
+    assert not stages.step_overdue(10**6, 100.0, 0)
+
+
+def test_the_hung_stage_is_the_first_other_task_that_does_not_answer_an_op():
+    cluster = launched(3)
+    asked = []
+
+    def answers(device, timeout_s):
+        asked.append((device, timeout_s))
+        return not device.endswith("task:2/device:CPU:0")
+
+    lost = stages.hung_stage(cluster, 5.0, answers=answers)
+    assert (lost.rank, lost.address, lost.job) == (2, "127.0.0.1:4002", "pipeline stage")
+    assert [d for d, _ in asked] == [stages.task_device(1), stages.task_device(2)]  # not self
+    assert stages.hung_stage(cluster, 5.0, answers=lambda d, t: True) is None

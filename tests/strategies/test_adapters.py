@@ -82,7 +82,7 @@ def test_which_strategies_an_option_applies_to_is_the_adapters_declaration():
     assert declared <= set(config.OPTIONS)  # nothing declared for an option that is not there
     for key, option in config.OPTIONS.items():
         assert option.strategies == strategies.accepting(key), key
-    assert config.OPTIONS["collective_timeout_s"].strategies == ("multi_worker", "shm")
+    assert config.OPTIONS["collective_timeout_s"].strategies == ("multi_worker", "pipeline", "shm")
     assert config.OPTIONS["epochs"].strategies is None
 
 

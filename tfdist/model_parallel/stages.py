@@ -18,6 +18,7 @@ Pure functions here, and `connect` / `serve`, which import TensorFlow when calle
 
 from __future__ import annotations
 
+import os
 import time
 
 from tfdist.errors import ClusterError, ConfigError
@@ -148,6 +149,112 @@ def lost_stage(cluster, reachable=None):
             return PeerLostError(f"pipeline stage {rank} at {address} is gone", rank=rank,
                                  address=address, job="pipeline stage")
     return None
+
+
+def answers(device: str, timeout_s: float) -> bool:
+    """Whether the task of `device` runs a tiny op within `timeout_s` (any reply counts).
+
+    Run from a thread of its own while a step may be waiting on that task: a
+    stopped process keeps its port open (its kernel still accepts), so only an
+    op shows it has stopped answering.
+    """
+    import threading
+
+    import tensorflow as tf
+
+    replied = []
+
+    def probe():
+        try:
+            with tf.device(device):
+                tf.reduce_sum(tf.ones([2])).numpy()
+        except Exception:  # noqa: BLE001  an error is a reply too (a dead task fails fast)
+            pass
+        replied.append(True)
+
+    thread = threading.Thread(target=probe, daemon=True, name="tfdist-stage-probe")
+    thread.start()
+    thread.join(timeout_s)
+    return bool(replied)
+
+
+def hung_stage(cluster, timeout_s: float = 5.0, answers=answers):
+    """The `PeerLostError` of the first other stage task that does not answer an op in time.
+
+    Args:
+        cluster: The chief's ClusterInfo.
+        timeout_s: How long each task has to answer.
+        answers: (device, timeout_s) -> bool; pure when given.
+    """
+    from tfdist.errors import PeerLostError
+
+    for rank, address in enumerate(cluster.worker_addresses):
+        if rank != cluster.worker_index and not answers(task_device(rank), timeout_s):
+            return PeerLostError(f"pipeline stage {rank} at {address} does not answer",
+                                 rank=rank, address=address, job="pipeline stage")
+    return None
+
+
+def step_overdue(now: float, step_started: float | None, timeout_s: float) -> bool:
+    """Pure function: whether a step that started at `step_started` has run too long."""
+    return step_started is not None and bool(timeout_s) and now - step_started >= timeout_s
+
+
+def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
+    """A Keras callback on the chief: when a step runs `timeout_s` (the collective
+    timeout), the stage tasks are checked; a closed port or a task that does not
+    answer an op ends the job naming its stage (exit 4, PEER_LOST). A slow step
+    whose every stage answers goes on. TensorFlow's remote calls have no deadline
+    of their own: a stopped stage would hang the chief for ever.
+    """
+    import sys
+    import threading
+
+    import keras
+
+    from tfdist import exit_codes
+
+    class StageWatchdog(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.started = None
+            self.thread = None
+
+        def on_train_begin(self, logs=None):
+            if self.thread is None and timeout_s:
+                self.thread = threading.Thread(target=self._watch, daemon=True,
+                                               name="tfdist-stage-watchdog")
+                self.thread.start()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.started = time.monotonic()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.started = None
+
+        def on_train_end(self, logs=None):
+            self.started = None
+
+        def _watch(self):
+            while True:
+                time.sleep(min(1.0, timeout_s / 4))
+                if not step_overdue(time.monotonic(), self.started, timeout_s):
+                    continue
+                lost, why = lost_stage(cluster), "its process is gone (port closed)"
+                if lost is None:
+                    lost = hung_stage(cluster, probe_s)
+                    why = f"it did not answer an op in {probe_s:g} s (stopped or hung)"
+                if lost is None:  # every stage answers: a slow step, not a lost one
+                    self.started = time.monotonic()
+                    continue
+                print(f"error: lost contact with {lost.job} {lost.rank} ({lost.address}) "
+                      f"during training: no step finished in {timeout_s:g} s "
+                      f"(--collective-timeout-s) and {why}. Rerun the same command to resume "
+                      "from the newest backup.", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(exit_codes.PEER_LOST)  # the main thread waits in TensorFlow
+
+    return StageWatchdog()
 
 
 def connect(cluster, startup_timeout_s: float) -> None:

@@ -56,17 +56,21 @@ class StageHooks(model_parallel.ModelParallelHooks):
         self.copies = copies
 
     def callbacks(self, cfg, learning_rate):
-        """Copies of the pipeline take copy 0's weights when training starts (a
-        backup restores copy 0's only)."""
-        if self.copies == 1:
-            return []
+        """The stage watchdog (a stopped stage ends the job, named); copies of the
+        pipeline take copy 0's weights when training starts (a backup restores copy
+        0's only)."""
         import keras
 
-        class SyncCopies(keras.callbacks.Callback):
-            def on_train_begin(self, logs=None):
-                self.model.sync_copies()
+        from tfdist.model_parallel import stages
 
-        return [SyncCopies()]
+        out = [stages.watchdog(self.cluster, self.options.timeout_s or 0)]
+        if self.copies > 1:
+            class SyncCopies(keras.callbacks.Callback):
+                def on_train_begin(self, logs=None):
+                    self.model.sync_copies()
+
+            out.append(SyncCopies())
+        return out
 
     def build_model(self, build):
         """Without values: each stage's are computed on its task (`model_parallel.deferred`)."""
@@ -88,7 +92,8 @@ class Pipeline(model_parallel.ModelParallel):
 
     name = "pipeline"
     loop = "stages"
-    accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel", "stages")
+    accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel", "stages",
+               "collective_timeout_s")
     one_process = False  # one stage per task when started as several
     portable = True  # the same math as one device: a backup resumes at any P, or unsplit
 
