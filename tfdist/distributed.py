@@ -166,6 +166,11 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
     start-up lines hidden, which an earlier import has already printed
     (TF_CPP_MIN_LOG_LEVEL does not hide them; tfdist.compat.tf_startup_logs).
 
+    `strategy="pipeline"` started as several tasks (tfdist.launch -n P) puts
+    one stage on each: on every task but the chief, `setup()` serves its stage
+    and does not return (it exits when the chief has ended), so the script's
+    code after it runs on the chief, which drives every stage.
+
     Args:
         strategy: Any `tfdist.strategies.valid_names()` name; "auto" picks
             multi_worker under a cluster, horovod under horovodrun, mirrored
@@ -211,6 +216,9 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
                                          placement=placement,
                                          tensor_parallel=tensor_parallel,
                                          grad_compression=grad_compression)
+    adapter_class = strategies.choose(strategy, info, devices).resolve(gpu_count())
+    if not adapter_class.runs_loop(info):  # a pipeline's stage task: it serves, never returns
+        adapter_class(info, options).serve(threads or 0)
     adapter, built = strategies.build(strategy, info, options, gpu_count())
     return Distributed(strategy=built, name=adapter.name, cluster=info, hooks=adapter.hooks())
 

@@ -275,7 +275,7 @@ class StageLoop(loop_lib.Loop):
         if adapter.runs_loop(run.cluster):
             return FitLoop().run(run)
         loop_lib.start_tensorflow(run.settings)
-        return adapter(run.cluster, run.settings.adapter).serve(run.settings)
+        return adapter(run.cluster, run.settings.adapter).serve(run.settings.runtime.threads)
 
 
 # The loop each adapter's `loop` kind names.

@@ -273,7 +273,7 @@ def connect(cluster, startup_timeout_s: float) -> None:
         task_index=cluster.worker_index, protocol="grpc")
 
 
-def serve(cluster, settings) -> None:
+def serve(cluster, threads: int = 0, startup_timeout_s: float = 0) -> None:
     """Runs this task's stage server until the chief has gone (never returns).
 
     SIGTERM and Ctrl-C do not end a stage: the chief saves its backup at the
@@ -284,6 +284,5 @@ def serve(cluster, settings) -> None:
     addresses = cluster.worker_addresses
     server.serve_spec({JOB: addresses}, JOB, cluster.worker_index, addresses[0],
                       label=f"pipeline stage {cluster.worker_index}",
-                      threads=settings.runtime.threads,
-                      start_s=settings.adapter.startup_timeout_s or None,
+                      threads=threads, start_s=startup_timeout_s or None,
                       gone_s=server.STAGE_GONE_S, hold_signals=True)

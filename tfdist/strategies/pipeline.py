@@ -145,8 +145,9 @@ class Pipeline(model_parallel.ModelParallel):
             return model_parallel.ModelParallelHooks(self.options, transform_model)
         return StageHooks(self.options, self.cluster)
 
-    def serve(self, settings):
-        """A stage task other than the chief: serves its stage until the chief ends."""
+    def serve(self, threads: int = 0):
+        """A stage task other than the chief: serves its stage until the chief ends
+        (never returns)."""
         from tfdist.model_parallel import stages
 
-        stages.serve(self.cluster, settings)
+        stages.serve(self.cluster, threads, self.options.startup_timeout_s)
