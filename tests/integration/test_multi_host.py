@@ -1,4 +1,5 @@
-"""Real training on real namespaced hosts (tfdist.hosts): MWMS and parameter server.
+"""Real training on real namespaced hosts (tfdist.hosts): MWMS, pipeline stages and
+parameter server.
 
 Every synchronous run trains digits_mlp for 2 epochs (22 steps each) of plain
 SGD at global batch 64 with deterministic ops and ends with the weights of one
@@ -151,6 +152,25 @@ def test_launch_hosts_two_hosts_one_worker_each_equals_one_replica(hosts, baseli
         proc.stdout)
     assert sorted(os.listdir(tmp_path / "model")) == [".tfdist.lock", "backup", "history.csv",
                                                        "metrics.json", "model.keras"]
+
+
+def test_pipeline_stages_on_two_hosts_equal_one_replica(hosts, baseline, tmp_path):
+    """digits_mlp's two layers as two stages, one per host: the chief on h0 drives the
+    stage on h1 over TensorFlow's gRPC, and ends with one replica's weights."""
+    argv = _launch_argv(hosts, "h0:1,h1:1", str(tmp_path / "dump"), str(tmp_path / "model"))
+    argv[argv.index("multi_worker")] = "pipeline"
+    proc = _run([*argv, "--microbatches", "2"])
+    assert proc.returncode == 0, tail(proc)
+    assert sorted(os.listdir(tmp_path / "dump")) == ["worker0.npz"]  # the chief's; h1 serves
+    d = dict(np.load(tmp_path / "dump" / "worker0.npz"))
+    assert str(d["hostname"]) == "h0"
+    for a, b in zip(_weights(d), _weights(baseline)):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+    rows = {line.split()[2]: line.split()[3] for line in proc.stdout.splitlines()
+            if line.startswith("[worker 0@h0] ") and line.split()[2:3] in (["hidden"], ["logits"])}
+    assert rows == {"hidden": "task:0/CPU:0", "logits": "task:1/CPU:0"}, proc.stdout[-3000:]
+    assert f"[worker 1@h1] tfdist: pipeline stage 1 serving at {hosts.address('h1')}:" in (
+        proc.stdout)
 
 
 def test_hand_written_tf_config_on_two_hosts_equals_one_replica(hosts, baseline, tmp_path):
