@@ -174,9 +174,15 @@ def test_only_rank0_writes_model_dir(runs, key):
     assert metrics["shard_policy"] == "RANK" and len(metrics["history"]["loss"]) == 2
 
 
-def test_optimizer_broadcast_callbacks_and_upstream_bugs(venv):
+@pytest.fixture(scope="module")
+def checks_job(venv):
+    """tests/workers/hvd_checks.py, then collectives_checks.py: one job of 2 Gloo ranks."""
+    return horovodrun(venv, 2, "gloo", [os.path.join(WORKERS, "hvd_checks_then_collectives.py")])
+
+
+def test_optimizer_broadcast_callbacks_and_upstream_bugs(checks_job):
     """tests/workers/hvd_checks.py: hand-computed values on 2 real ranks."""
-    proc = horovodrun(venv, 2, "gloo", [os.path.join(WORKERS, "hvd_checks.py")])
+    proc = checks_job
     assert "FAIL" not in proc.stdout and proc.returncode == 0, tail(proc, 6000)
     names = ["average_eager", "average_custom_loop_tf_function", "op_sum", "fp16_compression",
              "backward_passes_per_step", "sparse_indexed_slices", "sparse_as_dense",
@@ -190,12 +196,11 @@ def test_optimizer_broadcast_callbacks_and_upstream_bugs(venv):
             assert f"CHECK {name} ok rank={rank}" in proc.stdout, (name, rank, tail(proc))
 
 
-def test_host_collectives_and_callbacks_on_two_gloo_ranks(venv):
+def test_host_collectives_and_callbacks_on_two_gloo_ranks(checks_job):
     """tests/workers/collectives_checks.py: tfdist.collectives on Horovod, as on shm."""
     from tests.shm.test_collectives import CHECKS
 
-    proc = horovodrun(venv, 2, "gloo", [os.path.join(WORKERS, "collectives_checks.py"),
-                                        "horovod"])
+    proc = checks_job
     assert "FAIL" not in proc.stdout and proc.returncode == 0, tail(proc, 6000)
     for name in CHECKS:
         for rank in (0, 1):
