@@ -288,3 +288,12 @@ def test_after_a_failure_a_worker_that_ignores_sigterm_is_killed_without_the_ful
     stopped_s = time.monotonic() - failed_at
     assert p.returncode == 1 and failed_at is not None, "".join(err)
     assert launch.FAILED_GRACE_S <= stopped_s < launch.GRACE_S - 1, stopped_s
+
+
+def test_a_worker_that_ended_cleanly_is_not_called_failed_in_the_signal_summary():
+    # A pipeline stage holds SIGINT and exits 0 once its chief has saved and ended.
+    from tfdist.launch import describe_outcome
+
+    assert describe_outcome(0) == "ended (exit code 0)"
+    assert describe_outcome(130) == "interrupted (exit code 130)"
+    assert describe_outcome(-9) == "failed (killed by SIGKILL)"

@@ -169,8 +169,8 @@ def describe_exit(code: int) -> str:
 
 
 # What a worker's tfdist exit status means, for the launcher's report.
-OUTCOMES = {exit_codes.INTERRUPTED: "interrupted", exit_codes.PREEMPTED: "preempted",
-            exit_codes.PEER_LOST: "lost peer"}
+OUTCOMES = {0: "ended", exit_codes.INTERRUPTED: "interrupted",
+            exit_codes.PREEMPTED: "preempted", exit_codes.PEER_LOST: "lost peer"}
 SIGNAL_GRACE_S = 60.0  # after forwarding SIGINT/SIGTERM: time for workers to agree and save
 
 
