@@ -54,8 +54,8 @@ def _update_where_the_variable_lives(optimizer) -> None:
     `extended.update` sets no device), so every update ran on the device of the
     caller: with stages in other processes, each of their gradients and slots
     travelled to the chief and back, and the chief's memory grew with the whole
-    model's. Wraps the optimizer's `update_step` (and its one-replica
-    all-reduce) once; the math is unchanged.
+    model's. Wraps the optimizer's `update_step`, its one-replica all-reduce
+    and its global-norm clipping once; the math is unchanged.
     """
     import keras
     import tensorflow as tf
@@ -81,8 +81,35 @@ def _update_where_the_variable_lives(optimizer) -> None:
             return list(grads_and_vars)
         return all_reduce(grads_and_vars)
 
+    clip = type(inner)._clip_gradients  # Keras's, with tfdist's sparse-duplicates fix
+
+    def placed_clip(grads):
+        # Keras's clip_by_global_norm (the same ops, in the same order), with each
+        # gradient's square-sum and its scaling on the gradient's device: Keras's own
+        # places neither, so every stage's gradients went to the caller and back.
+        if (inner.clipnorm or not inner.global_clipnorm
+                or any(isinstance(g, tf.IndexedSlices) for g in grads)):
+            return clip(inner, grads)
+        from keras import ops
+
+        squared = []
+        for g in grads:
+            if g is not None:
+                with tf.device(g.device):
+                    squared.append(ops.sum(ops.square(g)))
+        use_norm = ops.sqrt(ops.sum(ops.stack(squared)))
+        clip_norm = inner.global_clipnorm
+        scale_for_finite = clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm)
+        scale = scale_for_finite + (use_norm - use_norm)
+        out = []
+        for g in grads:
+            with tf.device(None if g is None else g.device):
+                out.append(None if g is None else g * scale)
+        return out
+
     inner.update_step = placed
     inner._all_reduce_sum_gradients = one_replica
+    inner._clip_gradients = placed_clip
     inner._tfdist_placed_updates = True
 
 
