@@ -44,13 +44,24 @@ def _train(tmp, name, extra, launch_n=0):
     return dumps, model_dir, proc
 
 
+# Runs other modules compare with too (tests/integration/conftest.py: trained once).
+def single_run(tmp):
+    """One replica, plain SGD: test_first_hour's reference too (its command line's defaults)."""
+    return _train(tmp, "single", ["--strategy", "single"])
+
+
+def multi_worker_run(tmp):
+    """2 MWMS workers, plain SGD: test_grad_compression's uncompressed run too."""
+    return _train(tmp, "mw", ["--strategy", "multi_worker"], launch_n=2)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, shared_run):
     tmp = str(tmp_path_factory.mktemp("dp"))
     return {
-        "single": _train(tmp, "single", ["--strategy", "single"]),
+        "single": shared_run(single_run),
         "mirrored": _train(tmp, "mirrored", ["--strategy", "mirrored", "--devices", "2"]),
-        "multi_worker": _train(tmp, "mw", ["--strategy", "multi_worker"], launch_n=2),
+        "multi_worker": shared_run(multi_worker_run),
         # Techniques: 2 micro-batches of 32 accumulated = one batch of 64 (mirrored's
         # accumulation: test_equality_matrix's sparse acc2 cells).
         "multi_worker_accum": _train(tmp, "mwacc", ["--strategy", "multi_worker",

@@ -52,18 +52,20 @@ def _weights(path):
     return keras.saving.load_model(path, compile=False).get_weights()
 
 
-def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(tmp_path):
+def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(tmp_path,
+                                                                                shared_run):
     import signal
     import subprocess
 
     import numpy as np
 
     from tests.conftest import REPO, clean_env
+    from tests.integration.test_data_parallel import single_run
 
     common = ["digits_mlp", "--epochs", "2", "--deterministic", "--threads", "1"]
-    baseline = run_py(["-m", "tfdist.train", *common, "--strategy", "single",
-                       "--model-dir", str(tmp_path / "base")])
-    assert baseline.returncode == 0, tail(baseline)
+    # The reference: one replica trained with these options (test_data_parallel's, which
+    # spells out this command line's defaults: seed 0, global batch 64, learning rate 0.1).
+    _, base_dir, _ = shared_run(single_run)
     model_dir = str(tmp_path / "run")
     # Worker 0 sleeps 150 ms a step so that the interrupt lands mid-run.
     command = [sys.executable, "-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-m",
@@ -95,6 +97,6 @@ def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(
     rerun = run_py(command[1:])  # the same command again
     assert rerun.returncode == 0, tail(rerun)
     assert f"(global step {step})" in rerun.stdout
-    for a, b in zip(_weights(str(tmp_path / "base" / "model.keras")),
+    for a, b in zip(_weights(os.path.join(base_dir, "model.keras")),
                     _weights(os.path.join(model_dir, "model.keras"))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

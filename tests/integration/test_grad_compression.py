@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_py
-from tests.integration.test_data_parallel import COMMON, _train, _weights
+from tests.integration.test_data_parallel import COMMON, _train, _weights, multi_worker_run
 
 pytestmark = pytest.mark.integration
 FP16_ATOL = 1e-3   # the bound for fp16 under multi_worker
@@ -23,10 +23,11 @@ def _max_diff(a, b):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, shared_run):
     tmp = str(tmp_path_factory.mktemp("gc"))
     return {
-        "mw": _train(tmp, "mw", ["--strategy", "multi_worker"], launch_n=2),
+        # Uncompressed: test_data_parallel's run, trained once for both modules.
+        "mw": shared_run(multi_worker_run),
         "mw_fp16": _train(tmp, "mwfp16", ["--strategy", "multi_worker",
                                           "--grad-compression", "fp16"], launch_n=2),
         "mirrored_bf16": _train(tmp, "mbf16", ["--strategy", "mirrored", "--devices", "2",
