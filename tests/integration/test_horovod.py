@@ -91,11 +91,16 @@ CLIP = ["--clipnorm", "0.5"]
 ACCUM_CLIP = [*CLIP, "--global-batch-size", "32", "--accumulate", "2"]
 
 
+def one_replica(tmp):
+    """One replica in the venv: test_horovod_hosts' reference too (trained once, conftest)."""
+    return _train(VENV, tmp, "single")
+
+
 @pytest.fixture(scope="module")
-def runs(venv, tmp_path_factory):
+def runs(venv, tmp_path_factory, shared_run):
     tmp = str(tmp_path_factory.mktemp("hvd"))
     return {
-        "single": _train(venv, tmp, "single"),
+        "single": shared_run(one_replica),
         ("gloo", 2): _train(venv, tmp, "gloo2", 2, "gloo"),
         ("mpi", 2): _train(venv, tmp, "mpi2", 2, "mpi"),
         ("gloo", 4): _train(venv, tmp, "gloo4", 4, "gloo", ACCUM_CLIP),

@@ -11,7 +11,6 @@ under CI (CI set), where that is a failure.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO, WORKERS, namespaced_hosts, tail
 from tests.integration.test_horovod import (ATOL, COMMON, MPI_ARGS, RTOL, VENV, _env, _load,
-                                            _weights)
+                                            _weights, one_replica)
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +46,10 @@ def _worker(dump, model_dir):
 
 
 @pytest.fixture(scope="module")
-def single(venv, tmp_path_factory):
-    """One replica, one process, the same venv (same TensorFlow)."""
-    tmp = tmp_path_factory.mktemp("hvd-hosts-single")
-    proc = subprocess.run([os.path.join(venv, "bin", "python"),
-                           *_worker(str(tmp / "dump"), str(tmp / "model")), "--strategy",
-                           "single"], capture_output=True, text=True, timeout=300, env=_env(),
-                          cwd=REPO)
-    assert proc.returncode == 0, tail(proc)
-    (result,) = _load(str(tmp / "dump"))
+def single(venv, shared_run):
+    """One replica, one process, the same venv (same TensorFlow): test_horovod's, the same
+    hvd_train_dump.py command line (COMMON, --strategy single)."""
+    (result,), _, _ = shared_run(one_replica)
     return result
 
 
