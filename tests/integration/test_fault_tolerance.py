@@ -66,15 +66,21 @@ def _start_workers(dump_dir, model_dir, faults=(), strategy="multi_worker"):
     return procs
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("baseline")
-    proc = _launch(str(tmp / "dump"), str(tmp / "model"))
+def uninterrupted(tmp):
+    """2 MWMS workers, no fault: (each worker's weights, the model dir). Also
+    test_parameter_server's synchronous run (trained once, tests/integration/conftest.py)."""
+    dump, model_dir = os.path.join(tmp, "dump"), os.path.join(tmp, "model")
+    proc = _launch(dump, model_dir)
     assert proc.returncode == 0, tail(proc)
-    w0, w1 = _weights(str(tmp / "dump"))
+    return _weights(dump), model_dir
+
+
+@pytest.fixture(scope="module")
+def baseline(shared_run):
+    (w0, w1), model_dir = shared_run(uninterrupted)
     for a, b in zip(w0, w1):
         np.testing.assert_allclose(a, b, rtol=1e-6)
-    return w0, str(tmp / "model")
+    return w0, model_dir
 
 
 @pytest.mark.parametrize("strategy", ["multi_worker", "shm"])

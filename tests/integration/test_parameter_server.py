@@ -42,17 +42,22 @@ def _launch(mode_args, model_dir, extra=()):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, shared_run):
+    from tests.integration.test_fault_tolerance import uninterrupted
+
     tmp = tmp_path_factory.mktemp("ps")
+    model_dir = str(tmp / "async")
+    proc = run_py(_launch(["--ps", "1", "--workers", "2"], model_dir,
+                          ["--strategy", "parameter_server"]))
+    assert proc.returncode == 0, tail(proc)
+    # The synchronous run: test_fault_tolerance's uninterrupted one, the same job (2 MWMS
+    # workers, EPOCHS epochs at batch 64, learning rate 0.1, seed 0; deterministic ops and
+    # backups every 4 steps besides, which change neither the math nor the steps).
+    _, sync_dir = shared_run(uninterrupted)
     out = {}
-    for name, mode_args, strategy in (("sync", ["-n", "2"], "multi_worker"),
-                                      ("async", ["--ps", "1", "--workers", "2"],
-                                       "parameter_server")):
-        model_dir = str(tmp / name)
-        proc = run_py(_launch(mode_args, model_dir, ["--strategy", strategy]))
-        assert proc.returncode == 0, tail(proc)
-        with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
-            out[name] = (json.load(f), model_dir, proc)
+    for name, path in (("sync", sync_dir), ("async", model_dir)):
+        with open(os.path.join(path, "metrics.json"), encoding="utf-8") as f:
+            out[name] = (json.load(f), path, proc if name == "async" else None)
     return out
 
 
@@ -60,6 +65,9 @@ def test_async_loss_comparable_to_sync(runs):
     sync, _, _ = runs["sync"]
     async_, _, _ = runs["async"]
     assert async_["strategy"] == "parameter_server" and sync["strategy"] == "multi_worker"
+    for key in ("epochs", "global_batch_size", "learning_rate"):  # the same job
+        assert sync[key] == async_[key], (key, sync[key], async_[key])
+    assert sync["global_step"] == async_["steps"]
     # Same work: optimizer steps of the same global batch.
     assert async_["steps"] == EPOCHS * STEPS_PER_EPOCH
     assert sum(async_["steps_per_worker"]) == async_["steps"]
