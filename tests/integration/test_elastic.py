@@ -81,12 +81,21 @@ def _killed(tmp_path, strategy):
     return model_dir
 
 
+@pytest.fixture(scope="module")
+def killed_multi_worker(tmp_path_factory):
+    """A model dir left by 2 MWMS workers killed mid-epoch; each test resumes copies of it."""
+    return _killed(tmp_path_factory.mktemp("killed"), "multi_worker")
+
+
+def _copy(model_dir, tmp_path, name):
+    shutil.copytree(model_dir, str(tmp_path / name))
+    return str(tmp_path / name)
+
+
 def test_two_workers_killed_mid_epoch_resume_on_one_on_three_and_on_three_devices(
-        baseline, tmp_path):
-    model_dir = _killed(tmp_path, "multi_worker")
-    three, devices = str(tmp_path / "three"), str(tmp_path / "devices")
-    shutil.copytree(model_dir, three)
-    shutil.copytree(model_dir, devices)
+        baseline, killed_multi_worker, tmp_path):
+    model_dir, three, devices = (_copy(killed_multi_worker, tmp_path, name)
+                                 for name in ("one", "three", "devices"))
 
     proc = _run(1, str(tmp_path / "dump1"), model_dir, "single")
     assert proc.returncode == 0, tail(proc)
@@ -135,7 +144,8 @@ def _horovod(venv, dump, model_dir, epochs, ranks=2):
         "--strategy", "horovod", "--model-dir", model_dir])
 
 
-def test_horovod_backup_resumes_under_multi_worker_and_back(venv, baseline, tmp_path):
+def test_horovod_backup_resumes_under_multi_worker_and_back(venv, baseline, killed_multi_worker,
+                                                            tmp_path):
     # Horovod's first 2 epochs, then 2 MWMS workers (another TensorFlow) the last 2.
     model_dir = str(tmp_path / "hvd-first")
     proc = _horovod(venv, str(tmp_path / "unused"), model_dir, epochs=2)
@@ -146,10 +156,9 @@ def test_horovod_backup_resumes_under_multi_worker_and_back(venv, baseline, tmp_
         proc.stdout), tail(proc)
     _assert_equal(baseline, str(tmp_path / "dump-mw"), 2)
 
-    # And the reverse on 4 ranks: MWMS's first 2 epochs, 4 Horovod ranks' last 2.
-    model_dir = str(tmp_path / "mw-first")
-    proc = _run(2, str(tmp_path / "unused2"), model_dir, "multi_worker", epochs=2)
-    assert proc.returncode == 0, tail(proc)
+    # And the reverse on 4 ranks: 2 MWMS workers' first 20 steps (killed mid-epoch), 4
+    # Horovod ranks' remaining 36.
+    model_dir = _copy(killed_multi_worker, tmp_path, "mw-first")
     proc = _horovod(venv, str(tmp_path / "dump-hvd"), model_dir, epochs=4, ranks=4)
     assert proc.returncode == 0, tail(proc)
     assert "resumed from a 2-replica multi_worker backup on 4 replicas (horovod)" in (
