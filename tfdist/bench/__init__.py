@@ -16,6 +16,7 @@ measured side by side in one run.
 SUBCOMMANDS: dict[str, str] = {
     # name -> module; imported lazily so one benchmark's deps never load another's.
     "pipeline": "tfdist.bench.pipeline",
+    "pipeline-processes": "tfdist.bench.pipeline_processes",
     "horovod-allreduce": "tfdist.bench.horovod_allreduce",
     "async": "tfdist.bench.async_ps",
     "scaling": "tfdist.bench.scaling",

@@ -28,6 +28,8 @@ def main(argv: list[str]) -> int:
                    "steps": len(timer.times), "warmup_steps": warmup,
                    "metrics_examples_per_s": m["examples_per_s"], "wall_time_s": m["wall_time_s"],
                    "step_s": step_s, "examples_per_s": m["global_batch_size"] / step_s,
+                   # perf_counter: CLOCK_MONOTONIC on Linux, comparable across processes.
+                   "step_end_times": timer.times,
                    "final_loss": m["history"]["loss"][-1] if m["history"].get("loss") else None})
     return 0
 
