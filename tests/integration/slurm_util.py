@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_py, tail
+from tests.conftest import REPO
 
 # digits_mlp, 2 epochs of plain SGD at global batch 64, deterministic ops.
 ARGS = ["--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size", "64",
@@ -73,9 +73,15 @@ def assert_same_weights(model_dir, baseline):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def single_replica_weights(model_dir):
-    """Trains digits_mlp with ARGS in one process, one replica; its final weights."""
-    proc = run_py(["-m", "tfdist.train", "digits_mlp", "--strategy", "single", *ARGS,
-                   "--model-dir", model_dir])
-    assert proc.returncode == 0, tail(proc)
+def single_replica_weights(shared_run):
+    """digits_mlp with ARGS in one process, one replica: its final weights.
+
+    That run is test_data_parallel's single run (the same options, trainer.train,
+    model.keras written), trained once for the session by `shared_run`
+    (tests/integration/conftest.py) for every module that compares with it.
+    """
+    from tests.integration.test_data_parallel import COMMON, single_run
+
+    assert COMMON == ["digits_mlp", *ARGS], (COMMON, ARGS)  # one command line, both names
+    _, model_dir, _ = shared_run(single_run)
     return keras_weights(os.path.join(model_dir, "model.keras"))

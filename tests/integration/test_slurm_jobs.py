@@ -63,9 +63,9 @@ def _sbatch(script, out, *args, opts=(), wait=False, env=None):
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
+def baseline(shared_run):
     """Final weights of one process, one replica, the same global batch."""
-    return single_replica_weights(str(tmp_path_factory.mktemp("single") / "model"))
+    return single_replica_weights(shared_run)
 
 
 @pytest.mark.parametrize("strategy", ["multi_worker", "shm"])

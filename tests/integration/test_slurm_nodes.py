@@ -84,9 +84,9 @@ def nodes_env():
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
+def baseline(shared_run):
     """Final weights of one process, one replica, the same global batch."""
-    return single_replica_weights(str(tmp_path_factory.mktemp("single") / "model"))
+    return single_replica_weights(shared_run)
 
 
 def test_cluster_has_two_nodes_on_their_own_hosts(nodes_env):
