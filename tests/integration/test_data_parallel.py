@@ -46,7 +46,8 @@ def _train(tmp, name, extra, launch_n=0):
 
 # Runs other modules compare with too (tests/integration/conftest.py: trained once).
 def single_run(tmp):
-    """One replica, plain SGD: test_first_hour's reference too (its command line's defaults)."""
+    """One replica, plain SGD: test_first_hour's and the Slurm tests' reference too (the
+    defaults of test_first_hour's command line; slurm_util.ARGS)."""
     return _train(tmp, "single", ["--strategy", "single"])
 
 
@@ -60,7 +61,9 @@ def runs(tmp_path_factory, shared_run):
     tmp = str(tmp_path_factory.mktemp("dp"))
     return {
         "single": shared_run(single_run),
-        "mirrored": _train(tmp, "mirrored", ["--strategy", "mirrored", "--devices", "2"]),
+        # mirrored's plain SGD run of this command line: test_slurm_jobs'
+        # test_mirrored_job_on_one_node (equal to this single run); the checks of
+        # mirrored's own run are made on mirrored_lamb_clip.
         "multi_worker": shared_run(multi_worker_run),
         # Techniques: 2 micro-batches of 32 accumulated = one batch of 64 (mirrored's
         # accumulation: test_equality_matrix's sparse acc2 cells).
@@ -100,8 +103,8 @@ def _assert_same_weights(a, b):
 
 
 def test_mirrored_two_devices_equals_single(runs):
-    (single,), _, _ = runs["single"]
-    (mirrored,), _, _ = runs["mirrored"]
+    (single,), _, _ = runs["single_lamb_clip"]
+    (mirrored,), _, _ = runs["mirrored_lamb_clip"]
     assert int(single["num_replicas"]) == 1 and int(mirrored["num_replicas"]) == 2
     _assert_same_weights(mirrored, single)
 
