@@ -180,11 +180,12 @@ def test_only_chief_writes_model_dir(runs):
     assert len(metrics["history"]["loss"]) == 2
 
 
-def test_readme_multi_worker_command_trains_digits(tmp_path):
-    model_dir = str(tmp_path / "D")
-    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", "-m",
-                   "tfdist.train", "digits_mlp", "--strategy", "multi_worker", "--epochs", "2",
-                   "--seed", "0", "--model-dir", model_dir])
+def test_readme_multi_worker_command_trains_digits(shared_run):
+    # The README's command with --epochs 3 --threads 1 --model-dir and the launcher's
+    # --log-dir: test_first_hour's run (which checks its output is quiet), trained once.
+    from tests.integration.test_first_hour import quiet_run
+
+    proc, _, model_dir = shared_run(quiet_run)
     assert proc.returncode == 0, tail(proc)
     assert sorted(os.listdir(model_dir)) == CHIEF_FILES
     assert proc.stdout.count("wrote ") == 1 and "[worker 0] tfdist: test" in proc.stdout

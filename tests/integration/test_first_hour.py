@@ -9,6 +9,7 @@ warnings from tfdist's own preemption agreement.
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import sys
 
@@ -22,12 +23,21 @@ pytestmark = pytest.mark.integration
 EPOCHS = 3
 
 
-def test_two_worker_run_through_a_pipe_is_quiet(tmp_path):
-    log_dir = tmp_path / "logs"
-    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--log-dir", str(log_dir), "--",
+def quiet_run(tmp):
+    """(process, log dir, model dir) of the README's multi-worker command with EPOCHS epochs,
+    one thread and --log-dir. test_data_parallel's README test checks the same run
+    (tests/integration/conftest.py: trained once)."""
+    log_dir, model_dir = os.path.join(tmp, "logs"), os.path.join(tmp, "run")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--log-dir", log_dir, "--",
                    sys.executable, "-m", "tfdist.train", "digits_mlp", "--strategy",
                    "multi_worker", "--epochs", str(EPOCHS), "--threads", "1",
-                   "--model-dir", str(tmp_path / "run")])
+                   "--model-dir", model_dir])
+    return proc, log_dir, model_dir
+
+
+def test_two_worker_run_through_a_pipe_is_quiet(shared_run):
+    proc, log_dir, _ = shared_run(quiet_run)
+    log_dir = pathlib.Path(log_dir)
     assert proc.returncode == 0, tail(proc)
     output = proc.stdout + proc.stderr
     lines = output.splitlines()
