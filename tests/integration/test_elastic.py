@@ -63,12 +63,17 @@ def _run(n, dump, model_dir, strategy, epochs=4, faults=()):
                    sys.executable, *args])
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("elastic")
-    proc = _run(1, str(tmp / "dump"), str(tmp / "model"), "single")
+def uninterrupted_single(tmp):
+    """One replica, 4 uninterrupted epochs: the weights every resume must end with; also
+    test_host_faults' reference (trained once, tests/integration/conftest.py)."""
+    proc = _run(1, os.path.join(tmp, "dump"), os.path.join(tmp, "model"), "single")
     assert proc.returncode == 0, tail(proc)
-    return _weights(str(tmp / "dump"))[0]
+    return _weights(os.path.join(tmp, "dump"))[0]
+
+
+@pytest.fixture(scope="module")
+def baseline(shared_run):
+    return shared_run(uninterrupted_single)
 
 
 def _killed(tmp_path, strategy):

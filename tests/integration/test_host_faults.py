@@ -24,8 +24,9 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, clean_env, namespaced_hosts, tail
-from tests.integration.test_elastic import COMMON as ELASTIC, DUMP, _assert_equal, _run, _weights
+from tests.conftest import REPO, clean_env, namespaced_hosts
+from tests.integration.test_elastic import (COMMON as ELASTIC, DUMP, _assert_equal,
+                                            uninterrupted_single)
 from tests.integration.test_multi_host import _wait_no_processes
 
 pytestmark = pytest.mark.integration
@@ -94,11 +95,9 @@ def test_parameter_server_finishes_without_a_worker_whose_link_is_pulled(hosts, 
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("one_replica")
-    proc = _run(1, str(tmp / "dump"), str(tmp / "model"), "single")
-    assert proc.returncode == 0, tail(proc)
-    return _weights(str(tmp / "dump"))[0]
+def baseline(shared_run):
+    """test_elastic's single replica (its COMMON, 4 epochs: the command line here)."""
+    return shared_run(uninterrupted_single)
 
 
 class _Timed(subprocess.Popen):
