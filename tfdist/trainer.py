@@ -175,7 +175,10 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     config.check_strategy(cfg, cfg["strategy"], choice.names)
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     check_before_tensorflow(cfg, cluster, choice)  # every strategy, every task
-    if all(c.runs_loop(cluster) for c in choice.candidates):  # e.g. ps servers just serve
+    runs_loop = all(c.runs_loop(cluster) for c in choice.candidates)  # ps servers just serve
+    # A pipeline stage task also reads it (where it can see the model dir): its
+    # chief would never connect to a finished run, and the stage would wait for it.
+    if runs_loop or choice.loop == "stages":
         found = run_dir.inspect(model_dir, cfg, recipe.RECIPE_NAME)  # before TensorFlow, and before any write
         if found.finished:
             _log(cluster, f"{model_dir} already finished ({found.epochs_done} epochs), nothing "
@@ -183,6 +186,7 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
                           "further, or --no-resume to start over.")
             return Result(model=None, metrics=_read_metrics(model_dir), strategy=None,
                           cluster=cluster)
+    if runs_loop:
         line = run_dir.epochs_change_line(found, cfg["epochs"], model_dir)
         if line:
             _log(cluster, line)
