@@ -9,7 +9,7 @@ import pytest
 from tfdist.checkpoint import (BackupStore, ChiefWriter, TrainState, atomic_path, rebatch,
                                signature)
 from tfdist.errors import CheckpointError, PeerLostError
-from tfdist.trainer import describe_peer_failure, locate_peer
+from tfdist.run.trainer import describe_peer_failure, locate_peer
 from tfdist.cluster import detect
 
 

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from tfdist import loop
+from tfdist.run import loop
 from tfdist.errors import ConfigError
 
 

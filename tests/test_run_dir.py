@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from tfdist import config, run_dir
+from tfdist import config
+from tfdist.run import run_dir
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError
 
@@ -125,7 +126,7 @@ def test_a_rescaled_rate_is_kept_on_every_rerun_at_the_new_batch():
 
 
 def test_batch_change_mid_epoch_under_fixed_epoch_length_is_refused_before_tensorflow():
-    from tfdist.trainer import check_batch_change
+    from tfdist.run.trainer import check_batch_change
 
     found = run_dir.Found(backup="b/ckpt-6.npz", global_batch_size=64, step_in_epoch=6)
     with pytest.raises(ConfigError, match=r"b/ckpt-6.npz was taken at step 6 of an epoch at "

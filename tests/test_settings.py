@@ -35,8 +35,9 @@ def test_built_once_from_the_merged_dict_which_still_reads_by_key():
 
 
 def test_benchmark_knobs_are_the_benchs_own_registered_options():
-    from tfdist import instruments, run_dir, trainer
-    from tfdist.bench import straggler
+    from tfdist import instruments
+    from tfdist.run import run_dir, trainer
+    from tfdist import straggler
     from tfdist.cluster import detect
     from tfdist.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """Run instrumentation that is not training: options and hooks another package owns.
 
-The benchmarks slow one worker down (`tfdist.bench.straggler`); such knobs
+The benchmarks slow one worker down (`tfdist.straggler`); such knobs
 are not part of the framework's option table. A package registers an
 `Instrument` (its options and its hooks into both loops) when it is
 imported; the command that wants it imports that package (`tfdist.train`

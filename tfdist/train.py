@@ -26,9 +26,9 @@ import sys
 
 from tfdist import config, exit_codes, recipe as recipe_lib
 # Registers the benchmarks' --straggler-* options (tfdist.instruments).
-from tfdist.bench import straggler  # noqa: F401
+from tfdist import straggler  # noqa: F401
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
-from tfdist.run_types import Preempted
+from tfdist.run.types import Preempted
 
 DEFAULT_RECIPE = "digits_mlp"
 
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     lifeline.watch_output_pipes()  # the launcher's pipes closing ends this worker
     try:
         recipe, cfg = parse(argv)
-        from tfdist import cluster, trainer
+        from tfdist import cluster
+        from tfdist.run import trainer
 
         info = cluster.detect()
         status_file = cfg["status_file"] if info.is_chief else ""

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import clean_env, run_py
 
 from tfdist import ps, strategies
-from tfdist.bench import straggler
+from tfdist import straggler
 from tfdist.cluster.base import ClusterInfo
 from tfdist.cluster.tf_config import info_from_tf_config
 from tfdist.errors import ClusterError, ConfigError
@@ -84,7 +84,8 @@ def test_partitioning_keras_variables_is_refused_with_the_reason():
      "--strategy parameter_server: the coordinator resumes whole epochs"),
 ])
 def test_options_the_coordinator_cannot_honour_are_refused_before_tensorflow(argv, message):
-    from tfdist import config, trainer
+    from tfdist import config
+    from tfdist.run import trainer
 
     cfg = config.merge({}, ["--strategy", "parameter_server", *argv], "recipe r")
     with pytest.raises(ConfigError) as e:

@@ -10,7 +10,8 @@ import tokenize
 import pytest
 
 from tests.conftest import REPO
-from tfdist import config, strategies, trainer
+from tfdist import config, strategies
+from tfdist.run import trainer
 from tfdist.cluster import detect
 from tfdist.errors import ClusterError, ConfigError
 
@@ -25,8 +26,8 @@ def _tf_config(workers, index=0, **jobs):
 
 # The run pipeline: the modules that set up, train and finish a run. The CLI
 # (tfdist/train.py) lists launch commands in its docstring and is not one of them.
-PIPELINE = ["tfdist/trainer.py", "tfdist/loop.py", "tfdist/settings.py", "tfdist/run_types.py",
-            "tfdist/run_dir.py",
+PIPELINE = ["tfdist/run/trainer.py", "tfdist/run/loop.py", "tfdist/settings.py", "tfdist/run/types.py",
+            "tfdist/run/run_dir.py",
             "tfdist/callbacks.py", "tfdist/checkpoint.py", "tfdist/model_dir.py"]
 
 
@@ -145,10 +146,10 @@ def test_options_that_apply_pass_the_same_checks():
 
 
 def test_every_loop_kind_is_one_implementation_of_the_loop_interface():
-    from tfdist import loop, ps
+    from tfdist.run import coordinator, loop
 
     assert {a.loop for a in strategies.REGISTRY.values()} == set(trainer.LOOPS)
     assert all(isinstance(impl, loop.Loop) and impl.kind == kind
                for kind, impl in trainer.LOOPS.items())
-    assert isinstance(trainer.LOOPS["coordinator"], ps.CoordinatorLoop)
+    assert isinstance(trainer.LOOPS["coordinator"], coordinator.CoordinatorLoop)
     assert loop.run_line({"a": 1, "lr": 0.05, "s": "x"}) == "a=1 lr=0.05 s=x"

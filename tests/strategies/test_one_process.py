@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tfdist import config, strategies, trainer
+from tfdist import config, strategies
+from tfdist.run import trainer
 from tfdist.cluster import detect
 from tfdist.errors import ConfigError
 

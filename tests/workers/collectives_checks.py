@@ -26,7 +26,7 @@ if ENGINE.startswith("shm"):
 
     runtime.init(int(sys.argv[2]), int(sys.argv[3]), ("127.0.0.1", int(sys.argv[4])),
                  timeout_s=30)
-    from tfdist.collectives.shm import ShmCollectives as Engine
+    from tfdist.shm.collectives import ShmCollectives as Engine
 elif ENGINE == "mwms":
     import tensorflow as tf
 
@@ -37,7 +37,7 @@ elif ENGINE == "mwms":
     def Engine():  # noqa: N802 - stands in for the engine classes
         return MWMSCollectives(STRATEGY)
 else:
-    from tfdist.collectives.horovod import HorovodCollectives as Engine
+    from tfdist.horovod.collectives import HorovodCollectives as Engine
 
 COLL = Engine()
 RANK, SIZE = COLL.rank, COLL.size

@@ -27,7 +27,8 @@ def main():
 
     import keras
 
-    from tfdist import cluster, strategies, trainer
+    from tfdist import cluster, strategies
+    from tfdist.run import trainer
     from tfdist.train import parse
 
     recipe, cfg = parse(argv)

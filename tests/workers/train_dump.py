@@ -58,7 +58,8 @@ def main():
     while argv and argv[0] in FAULT_FLAGS:
         opts[argv[0]] = FAULT_FLAGS[argv[0]](argv[1])
         argv = argv[2:]
-    from tfdist import cluster, data, trainer
+    from tfdist import cluster, data
+    from tfdist.run import trainer
     from tfdist.train import parse
 
     recipe, cfg = parse(argv)

@@ -162,7 +162,8 @@ def paired(spec: dict, engine: str, total_steps: int):
 
 
 def main(spec: dict, argv: list[str]) -> int:
-    from tfdist import cluster, train, trainer
+    from tfdist import cluster, train
+    from tfdist.run import trainer
     from tfdist.bench import raw_keras, runs
 
     recipe, cfg = train.parse(argv)

@@ -14,7 +14,8 @@ import sys
 
 def main(argv: list[str]) -> int:
     warmup = int(os.environ.get("TFDIST_BENCH_WARMUP_STEPS", "3"))
-    from tfdist import cluster, train, trainer
+    from tfdist import cluster, train
+    from tfdist.run import trainer
     from tfdist.bench import runs, timing
 
     recipe, cfg = train.parse(argv)

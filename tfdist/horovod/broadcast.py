@@ -20,7 +20,7 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     """
     import tensorflow as tf
 
-    from tfdist.collectives.horovod import HorovodCollectives
+    from tfdist.horovod.collectives import HorovodCollectives
 
     values = HorovodCollectives().broadcast_tensors(
         [tf.convert_to_tensor(getattr(v, "value", v)) for v in variables], root_rank)
@@ -43,6 +43,6 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
         root_rank: The rank whose state wins.
     """
     from tfdist.collectives import keras_callbacks
-    from tfdist.collectives.horovod import HorovodCollectives
+    from tfdist.horovod.collectives import HorovodCollectives
 
     keras_callbacks.broadcast_state(model, optimizer, HorovodCollectives(), root_rank)

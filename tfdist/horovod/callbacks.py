@@ -8,7 +8,7 @@ learning-rate callbacks are in `tfdist.horovod.lr_callbacks`.
 from __future__ import annotations
 
 from tfdist.collectives import keras_callbacks
-from tfdist.collectives.horovod import HorovodCollectives
+from tfdist.horovod.collectives import HorovodCollectives
 from tfdist.horovod.lr_callbacks import LearningRateWarmup  # noqa: F401  (older import path)
 
 

@@ -7,12 +7,15 @@ its own role:
 
 * ``worker`` and ``ps`` tasks run a `tf.distribute.Server` (`server.py`);
 * the ``chief`` is the coordinator: it owns the variables' placement, schedules
-  training steps on the workers and writes the model dir (`coordinator.py`).
+  training steps on the workers and writes the model dir (the run pipeline's
+  `tfdist.run.coordinator`).
+
+This package keeps the servers, their networking and the pure checks; it
+imports nothing of the run pipeline.
 """
 
 from __future__ import annotations
 
-from tfdist import loop
 from tfdist.errors import ClusterError, ConfigError
 from tfdist.ps.net import reachable  # noqa: F401  (tfdist.ps.reachable)
 
@@ -57,40 +60,3 @@ def check_partitioning(ps_shards: int) -> None:
             "gradients fail; keras-team/keras#18624: Keras 3 does not support PS training). "
             "Use --ps-shards 0; `tfdist.strategies.build_strategy('parameter_server', ...)` "
             "still partitions plain tf.Variables for custom TensorFlow code.")
-
-
-class CoordinatorLoop(loop.Loop):
-    """The parameter-server loop: the chief coordinates, workers and ps tasks serve.
-
-    The run pipeline has checked the cluster and the options
-    (`tfdist.strategies.parameter_server.ParameterServer.check_config`).
-    """
-
-    kind = "coordinator"
-
-    def run(self, run: loop.Run):
-        """Runs this process's part of a parameter-server job.
-
-        Returns:
-            A `tfdist.run_types.Result`; on workers and ps tasks its model is None
-            (they return only when their chief has gone).
-        """
-        from tfdist import instruments
-        from tfdist import recipe as recipe_lib
-
-        cfg, cluster = run.cfg, run.cluster
-        recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
-        num_workers = len(cluster.tf_config["cluster"]["worker"])
-        for instrument in instruments.active(cfg):  # counted among the PS job's workers
-            instrument.check(cfg, num_workers)
-        loop.start_tensorflow(run.settings)
-        if cluster.task_type in ("worker", "ps"):
-            from tfdist.ps import server
-
-            return server.serve(cluster, cfg)
-        if cluster.task_type != "chief":
-            raise ClusterError(f"task type {cluster.task_type!r} has no role in "
-                               "parameter-server training; valid: chief, worker, ps.")
-        from tfdist.ps import coordinator
-
-        return coordinator.train(run.recipe, cfg, cluster, run.writer, run.settings)

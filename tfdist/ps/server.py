@@ -56,17 +56,17 @@ def _watch_chief(address: str, label: str, start_s: float | None = CHIEF_START_S
             os._exit(EXIT_LOST_CHIEF)  # join() cannot be interrupted otherwise
 
 
-def serve(cluster, cfg: dict):
+def serve(cluster, threads: int = 0):
     """Starts this task's server and blocks until the chief has gone.
 
     Args:
         cluster: ClusterInfo of a worker or ps task.
-        cfg: The run configuration (`threads` sets intra-op threads).
+        threads: Intra-op threads (0: TensorFlow's default).
     """
     spec = {k: v for k, v in cluster.tf_config["cluster"].items()
             if k in ("chief", "worker", "ps")}
     serve_spec(spec, cluster.task_type, cluster.task_index, spec["chief"][0],
-               label=f"{cluster.task_type} {cluster.task_index}", threads=cfg.get("threads"))
+               label=f"{cluster.task_type} {cluster.task_index}", threads=threads)
 
 
 def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, threads: int = 0,

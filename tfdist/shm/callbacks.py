@@ -7,7 +7,7 @@ Thin wrappers: the implementation is shared with Horovod's
 from __future__ import annotations
 
 from tfdist.collectives import keras_callbacks
-from tfdist.collectives.shm import ShmCollectives
+from tfdist.shm.collectives import ShmCollectives
 
 
 def broadcast_state(model, optimizer=None, root: int = 0) -> None:

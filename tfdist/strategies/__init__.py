@@ -4,7 +4,7 @@ Each adapter is a subclass of `Adapter` registered by class (`@register`):
 it declares its name, the strategy-specific options it accepts, the general
 options it cannot honour, its pre-TensorFlow checks, its loop kind, and how
 it builds its `tf.distribute.Strategy` and its trainer `Hooks`. The run
-pipeline (`tfdist.trainer`) asks the adapter and names no strategy.
+pipeline (`tfdist.run.trainer`) asks the adapter and names no strategy.
 
 Adapter modules import no TensorFlow and no engine (Horovod, the shared-memory
 engine) at module level, so registering them all costs nothing and choosing
@@ -224,7 +224,7 @@ class Adapter:
             synchronously, so it must divide by their number.
         portable: Synchronous training: the same math on any number of
             replicas or stages at one global batch, so a backup resumes under
-            any other portable adapter (`tfdist.run_dir`).
+            any other portable adapter (`tfdist.run.run_dir`).
         one_process: Trains in one process; refused as one task of several
             (each would train alone, unsynchronised).
     """

@@ -64,7 +64,7 @@ class HorovodHooks(ProcessReplicaHooks):
                              name="tfdist_all_finite", ignore_name_scope=True) > 0.5
 
     def _engine_collectives(self):
-        from tfdist.collectives.horovod import HorovodCollectives
+        from tfdist.horovod.collectives import HorovodCollectives
 
         return HorovodCollectives()
 

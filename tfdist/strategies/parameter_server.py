@@ -2,7 +2,7 @@
 
 Only the chief (the coordinator) builds this strategy; workers and ps tasks
 run plain `tf.distribute.Server`s (see `tfdist.ps.server`). The training loop
-is `tfdist.ps.coordinator`, because Keras 3 `fit` has no path for this
+is `tfdist.run.coordinator`, because Keras 3 `fit` has no path for this
 strategy: Keras 3 removed `keras.utils.experimental.DatasetCreator`, which
 Keras 2's `fit` needed for it, and "parameter server training is not supported
 in Keras 3" (keras-team/keras#18624, maintainer's answer).

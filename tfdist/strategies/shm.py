@@ -54,7 +54,7 @@ class ShmHooks(ProcessReplicaHooks):
         return all_true(flag)
 
     def _engine_collectives(self):
-        from tfdist.collectives.shm import ShmCollectives
+        from tfdist.shm.collectives import ShmCollectives
 
         return ShmCollectives()
 

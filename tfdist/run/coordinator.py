@@ -24,13 +24,14 @@ from __future__ import annotations
 import re
 import time
 
-from tfdist import callbacks, data, loop, run_dir, strategies
+from tfdist import callbacks, data, strategies
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.compat import grpc_keepalive
 from tfdist.errors import ClusterError
+from tfdist.run import loop, run_dir
 from tfdist.ps.net import reachable
-from tfdist.run_types import Result, check_free_space, model_dir_for
+from tfdist.run.types import Result, check_free_space, model_dir_for
 
 
 def _log(message: str) -> None:
@@ -64,7 +65,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
             itself goes to the recipe's functions and the backup's record.
 
     Returns:
-        A `tfdist.run_types.Result`; the chief also writes MODEL_DIR/model.keras
+        A `tfdist.run.types.Result`; the chief also writes MODEL_DIR/model.keras
         and MODEL_DIR/metrics.json.
 
     Raises:
@@ -242,3 +243,37 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
              + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(lost)))
     metrics = loop.finish(local, test_ds, metrics, writer, cluster, recipe, cfg)
     return Result(model=local, metrics=metrics, strategy=strategy, cluster=cluster)
+
+
+class CoordinatorLoop(loop.Loop):
+    """The parameter-server loop: the chief coordinates, workers and ps tasks serve.
+
+    The run pipeline has checked the cluster and the options
+    (`tfdist.strategies.parameter_server.ParameterServer.check_config`).
+    """
+
+    kind = "coordinator"
+
+    def run(self, run: loop.Run):
+        """Runs this process's part of a parameter-server job.
+
+        Returns:
+            A `tfdist.run.types.Result`; on workers and ps tasks its model is None
+            (they return only when their chief has gone).
+        """
+        from tfdist import instruments
+
+        cfg, cluster = run.cfg, run.cluster
+        recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
+        num_workers = len(cluster.tf_config["cluster"]["worker"])
+        for instrument in instruments.active(cfg):  # counted among the PS job's workers
+            instrument.check(cfg, num_workers)
+        loop.start_tensorflow(run.settings)
+        if cluster.task_type in ("worker", "ps"):
+            from tfdist.ps import server
+
+            return server.serve(cluster, run.settings.runtime.threads)
+        if cluster.task_type != "chief":
+            raise ClusterError(f"task type {cluster.task_type!r} has no role in "
+                               "parameter-server training; valid: chief, worker, ps.")
+        return train(run.recipe, cfg, cluster, run.writer, run.settings)

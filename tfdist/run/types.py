@@ -1,9 +1,9 @@
 """What every training loop shares: the run's result, its model dir, `Preempted`.
 
-Both loops (the synchronous `fit` loop in `tfdist.trainer` and the
-parameter-server coordinator in `tfdist.ps.coordinator`) import these from
+Both loops (the synchronous `fit` loop in `tfdist.run.trainer` and the
+parameter-server coordinator in `tfdist.run.coordinator`) import these from
 here, so neither imports the other: the package's import graph stays
-acyclic (tests/test_import_graph.py). `tfdist.trainer` re-exports them under
+acyclic (tests/test_import_graph.py). `tfdist.run.trainer` re-exports them under
 their old names. No TensorFlow.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfdist import model_dir as model_dir_lib
-from tfdist import run_dir
+from tfdist.run import run_dir
 from tfdist.cluster.base import ClusterInfo
 
 
@@ -44,7 +44,7 @@ class Result:
 
 def model_dir_for(cfg: dict, recipe_name: str, cluster=None) -> str:
     """The model dir: `cfg["model_dir"]`, or runs/RECIPE/STRATEGY[-Nw][-Ndev] by default
-    (one per launch shape; see `tfdist.run_dir`)."""
+    (one per launch shape; see `tfdist.run.run_dir`)."""
     return cfg["model_dir"] or run_dir.default_model_dir(
         recipe_name, cfg, cluster.num_workers if cluster is not None else 1)
 

@@ -1,10 +1,10 @@
 """The run pipeline's loop interface and the steps every loop shares.
 
 A strategy adapter declares its loop kind (`Adapter.loop`); the run pipeline
-(`tfdist.trainer.train`) checks, inspects and claims the model dir, then
+(`tfdist.run.trainer.train`) checks, inspects and claims the model dir, then
 hands a `Run` to the `Loop` of that kind: Keras `fit` on every training
-process (`tfdist.trainer.FitLoop`) or the parameter-server coordinator
-(`tfdist.ps.CoordinatorLoop`). Both start TensorFlow, set up the runtime, log
+process (`tfdist.run.trainer.FitLoop`) or the parameter-server coordinator
+(`tfdist.run.coordinator.CoordinatorLoop`). Both start TensorFlow, set up the runtime, log
 their run line and finish through the same functions here, so every strategy
 gets the same threads, determinism, seed, precision, evaluation, metrics.json
 and chief-only model save. Imports neither loop (no import circle); no
@@ -33,7 +33,7 @@ class Run:
             file in the model dir goes through it; the chief has claimed the dir.
         choice: The `tfdist.strategies.Choice` of adapters `--strategy` may become.
         callbacks: Extra Keras callbacks from the caller (`fit` loops).
-        found: What the model dir holds (`tfdist.run_dir.Found`).
+        found: What the model dir holds (`tfdist.run.run_dir.Found`).
         settings: `cfg` as typed sections (`tfdist.settings.Settings`), read once.
     """
 
@@ -64,7 +64,7 @@ class Loop:
     kind: str = ""
 
     def run(self, run: Run):
-        """Trains and finishes; returns a `tfdist.run_types.Result`."""
+        """Trains and finishes; returns a `tfdist.run.types.Result`."""
         raise NotImplementedError
 
 

@@ -20,14 +20,15 @@ import time
 
 from tfdist import cluster as cluster_lib
 from tfdist import config, data, instruments, optim, strategies
-from tfdist import loop as loop_lib
-from tfdist import ps, run_dir
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError, PeerLostError
+from tfdist.run import loop as loop_lib
+from tfdist.run import run_dir
+from tfdist.run.coordinator import CoordinatorLoop
 from tfdist.settings import Settings
 # The run types live apart so the parameter-server loop need not import this module.
-from tfdist.run_types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
+from tfdist.run.types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
 
 
 def check_before_tensorflow(cfg: dict, cluster, choice=None) -> None:
@@ -284,7 +285,7 @@ class StageLoop(loop_lib.Loop):
 
 # The loop each adapter's `loop` kind names.
 LOOPS: dict[str, loop_lib.Loop] = {
-    loop.kind: loop for loop in (FitLoop(), ps.CoordinatorLoop(), StageLoop())}
+    loop.kind: loop for loop in (FitLoop(), CoordinatorLoop(), StageLoop())}
 
 
 def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> Result:
