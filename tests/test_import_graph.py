@@ -272,12 +272,13 @@ def test_the_old_circle_is_gone_even_counting_function_level_imports():
 @pytest.mark.integration
 @pytest.mark.parametrize("module", ["tfdist.run.trainer", "tfdist.ps", "tfdist.run.coordinator",
                                     "tfdist.run.types", "tfdist.run.loop", "tfdist.strategies",
-                                    "tfdist.config", "tfdist.train"])
+                                    "tfdist.config", "tfdist.train", "tfdist.straggler",
+                                    "tfdist.horovod.collectives", "tfdist.shm.collectives"])
 def test_module_imports_first_in_a_fresh_interpreter(module):
     code = (f"import {module}, sys; "
             "assert 'tensorflow' not in sys.modules, 'imported TensorFlow'; "
             "from tfdist.run.trainer import Preempted, Result, model_dir_for, check_free_space; "
-            "from tfdist import run_types; "
+            "from tfdist.run import types as run_types; "
             "assert Result is run_types.Result and Preempted is run_types.Preempted; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=120)
