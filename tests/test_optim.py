@@ -1,5 +1,7 @@
 """Optimizer construction from the run's options."""
 
+import dataclasses
+
 import pytest
 
 from tfdist import config, optim
@@ -10,8 +12,15 @@ def _cfg(**over):
     return config.merge({}, [f"--{k.replace('_', '-')}={v}" for k, v in over.items()], "test")
 
 
+def _opt(**over):
+    """The Optimization section of a configuration with `over` set."""
+    from tfdist.settings import Settings
+
+    return Settings.of(_cfg(**over)).optimization
+
+
 def test_lamb_with_clipping_accumulation_and_schedule():
-    opt = optim.build_optimizer(_cfg(optimizer="lamb", clipnorm=0.5, accumulate=4,
+    opt = optim.build_optimizer(_opt(optimizer="lamb", clipnorm=0.5, accumulate=4,
                                      warmup_steps=10), 0.01)
     assert type(opt).__name__ == "Lamb"
     assert opt.global_clipnorm == 0.5 and opt.gradient_accumulation_steps == 4
@@ -19,7 +28,7 @@ def test_lamb_with_clipping_accumulation_and_schedule():
 
 
 def test_sgd_gets_momentum_and_plain_lr():
-    opt = optim.build_optimizer(_cfg(momentum=0.9), 0.1)
+    opt = optim.build_optimizer(_opt(momentum=0.9), 0.1)
     assert type(opt).__name__ == "SGD" and opt.momentum == 0.9
     assert float(opt.learning_rate) == pytest.approx(0.1)
     assert opt.global_clipnorm is None and not opt.gradient_accumulation_steps
@@ -27,7 +36,7 @@ def test_sgd_gets_momentum_and_plain_lr():
 
 def test_unknown_optimizer_lists_valid_ones():
     with pytest.raises(ConfigError, match=r"Unknown optimizer 'sgdd'\. Valid: \[.*'lamb'.*'sgd'"):
-        optim.build_optimizer({**_cfg(), "optimizer": "sgdd"}, 0.1)  # library use, no CLI check
+        optim.build_optimizer(dataclasses.replace(_opt(), optimizer="sgdd"), 0.1)  # no CLI check
     with pytest.raises(ConfigError, match=r"--optimizer must be one of sgd, adam, .*Received: "
                                           r"--optimizer 'sgdd'"):
         _cfg(optimizer="sgdd")
@@ -42,7 +51,7 @@ def test_unknown_optimizer_lists_valid_ones():
 ])
 def test_bad_options(over, message):
     with pytest.raises(ConfigError, match=message):
-        optim.check(_cfg(**over))
+        optim.check(_opt(**over))
 
 
 def test_optimizer_choices_are_keras_optimizers():

@@ -125,6 +125,12 @@ def test_a_rescaled_rate_is_kept_on_every_rerun_at_the_new_batch():
     assert run_dir.recorded_learning_rate({"config": conf}) == pytest.approx(0.2)
 
 
+def _training(**over):
+    from tfdist.settings import Settings
+
+    return Settings.of(_cfg(**over)).training
+
+
 def test_batch_change_mid_epoch_under_fixed_epoch_length_is_refused_before_tensorflow():
     from tfdist.run.trainer import check_batch_change
 
@@ -132,11 +138,11 @@ def test_batch_change_mid_epoch_under_fixed_epoch_length_is_refused_before_tenso
     with pytest.raises(ConfigError, match=r"b/ckpt-6.npz was taken at step 6 of an epoch at "
                                           r"global batch 64; with --steps-per-epoch 10 .* "
                                           r"at global batch 96"):
-        check_batch_change(found, _cfg(global_batch_size=96, steps_per_epoch=10))
-    check_batch_change(found, _cfg(global_batch_size=96))  # epochs are passes: mapped
-    check_batch_change(found, _cfg(global_batch_size=64, steps_per_epoch=10))  # no change
+        check_batch_change(found, _training(global_batch_size=96, steps_per_epoch=10))
+    check_batch_change(found, _training(global_batch_size=96))  # epochs are passes: mapped
+    check_batch_change(found, _training(global_batch_size=64, steps_per_epoch=10))  # no change
     at_epoch_end = run_dir.Found(backup="b", global_batch_size=64)
-    check_batch_change(at_epoch_end, _cfg(global_batch_size=96, steps_per_epoch=10))
+    check_batch_change(at_epoch_end, _training(global_batch_size=96, steps_per_epoch=10))
 
 
 def test_epochs_change_line_says_what_the_rerun_does():

@@ -45,13 +45,16 @@ def test_benchmark_knobs_are_the_benchs_own_registered_options():
     assert set(straggler.Straggler.options) <= set(instruments.options())
     cfg = config.merge({}, ["--straggler-delay-ms", "20", "--straggler-worker", "1"], "r")
     s = settings.Settings.of(cfg)
-    assert s.instruments == {"straggler_delay_ms": 20, "straggler_worker": 1} and not s.recipe
+    assert (s.instruments.straggler_delay_ms, s.instruments.straggler_worker) == (20, 1)
+    assert instruments.active(s.instruments) == [i for i in instruments.REGISTERED
+                                                 if isinstance(i, straggler.Straggler)]
+    assert not s.recipe and s.value("straggler_worker") == 1 and s.value("devices") == 0
     assert "straggler_delay_ms" not in run_dir.run_config(cfg)  # never what a run computes
     text = config.usage(config.declarations({}, "r"))
     assert text.index("instrumentation options (benchmarks):") < text.index("--straggler-delay-ms")
     # The run pipeline checks it through the registration (one worker: index 1 is out).
     with pytest.raises(ConfigError, match=r"--straggler-worker must be in \[0, 1\)"):
-        trainer.check_before_tensorflow(cfg, detect({}))
+        trainer.check_before_tensorflow(s, detect({}))
 
 
 @pytest.mark.integration

@@ -132,7 +132,7 @@ class Distributed:
     def callbacks(self, learning_rate: float = 0.0) -> list:
         """Callbacks `fit` needs under this strategy (horovod, shm: broadcast of the
         chief's initial state, metric averaging); empty for tf.distribute strategies."""
-        return self.hooks.callbacks({}, learning_rate)
+        return self.hooks.callbacks(learning_rate)
 
     def save(self, model, path: str) -> str | None:
         """Saves `model` to `path` on the chief, atomically; returns the path or None.

@@ -12,11 +12,15 @@ Pure Python, no TensorFlow.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Mapping
 
 
 class Instrument:
     """Options and hooks of one instrumentation; the defaults do nothing.
+
+    Every hook is given `opts`, the run's instrument options (`section`): one
+    attribute per registered option key, e.g. `opts.straggler_delay_ms`.
 
     Attributes:
         options: Option declarations (`tfdist.option.Option`) by key.
@@ -24,22 +28,22 @@ class Instrument:
 
     options: dict = {}
 
-    def check(self, cfg, num_workers: int) -> None:
+    def check(self, opts, num_workers: int) -> None:
         """Pre-TensorFlow checks (ConfigError) for a job of `num_workers` training workers."""
 
-    def fit_callbacks(self, cfg, cluster) -> list:
+    def fit_callbacks(self, opts, cluster) -> list:
         """Keras callbacks for this process's `fit`."""
         return []
 
-    def step_deps(self, cfg, worker_index) -> list:
+    def step_deps(self, opts, worker_index) -> list:
         """Ops each parameter-server step runs first on its worker (`worker_index`: a tensor)."""
         return []
 
-    def describe(self, cfg) -> dict[str, Any]:
+    def describe(self, opts) -> dict[str, Any]:
         """JSON-able facts for metrics.json."""
         return {}
 
-    def line_fields(self, cfg) -> dict[str, str]:
+    def line_fields(self, opts) -> dict[str, str]:
         """Fields for the line a run starts with."""
         return {}
 
@@ -59,6 +63,13 @@ def options() -> dict:
     return {k: o for i in REGISTERED for k, o in i.options.items()}
 
 
-def active(cfg) -> list[Instrument]:
-    """The registered instruments whose options this configuration has."""
-    return [i for i in REGISTERED if all(k in cfg for k in i.options)]
+def section(values: Mapping[str, Any]):
+    """Pure function: instrument option values as one frozen object, an attribute per key."""
+    fields = sorted(values)
+    cls = dataclasses.make_dataclass("InstrumentOptions", fields, frozen=True)
+    return cls(**{k: values[k] for k in fields})
+
+
+def active(opts) -> list[Instrument]:
+    """The registered instruments whose options `opts` (a `section`) has."""
+    return [i for i in REGISTERED if all(hasattr(opts, k) for k in i.options)]

@@ -15,14 +15,17 @@ from tfdist.errors import ConfigError
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
-def check(cfg: dict) -> None:
+def check(options) -> None:
     """Validates how optimizer options combine (each one's own range is
     `tfdist.config`'s); no TensorFlow needed.
+
+    Args:
+        options: The run's `tfdist.settings.Optimization`.
 
     Raises:
         ConfigError: naming the bad value.
     """
-    schedules.check(cfg["lr_schedule"], cfg["warmup_steps"])
+    schedules.check(options.lr_schedule, options.warmup_steps)
 
 
 def optimizer_classes() -> dict:
@@ -35,22 +38,26 @@ def optimizer_classes() -> dict:
             and obj is not keras.optimizers.Optimizer and name != "LossScaleOptimizer"}
 
 
-def build_optimizer(cfg: dict, learning_rate: float):
-    """A Keras optimizer for `cfg` (call inside the strategy scope).
+def build_optimizer(options, learning_rate: float):
+    """The Keras optimizer the options ask for (call inside the strategy scope).
+
+    Args:
+        options: The run's `tfdist.settings.Optimization` (`Settings.of(cfg).optimization`).
+        learning_rate: After --lr-scaling; the schedule starts from it.
 
     Raises:
         ConfigError: for an optimizer name Keras does not know.
     """
-    cls = optimizer_classes().get(cfg["optimizer"].lower())
+    cls = optimizer_classes().get(options.optimizer.lower())
     if cls is None:
-        raise ConfigError(f"Unknown optimizer {cfg['optimizer']!r}. Valid: "
+        raise ConfigError(f"Unknown optimizer {options.optimizer!r}. Valid: "
                           f"{sorted(optimizer_classes())}.")
-    kwargs = {"learning_rate": schedules.make_schedule(learning_rate, cfg["warmup_steps"],
-                                                       cfg["lr_schedule"])}
+    kwargs = {"learning_rate": schedules.make_schedule(learning_rate, options.warmup_steps,
+                                                       options.lr_schedule)}
     if "momentum" in inspect.signature(cls).parameters:
-        kwargs["momentum"] = cfg["momentum"]
-    if cfg["clipnorm"] > 0:
-        kwargs["global_clipnorm"] = cfg["clipnorm"]
-    if cfg["accumulate"] > 1:
-        kwargs["gradient_accumulation_steps"] = cfg["accumulate"]
+        kwargs["momentum"] = options.momentum
+    if options.clipnorm > 0:
+        kwargs["global_clipnorm"] = options.clipnorm
+    if options.accumulate > 1:
+        kwargs["gradient_accumulation_steps"] = options.accumulate
     return cls(**kwargs)

@@ -188,13 +188,14 @@ def compile_kwargs(recipe: ModuleType, cfg: dict) -> dict:
     return kwargs
 
 
-def build_optimizer(recipe: ModuleType, cfg: dict, learning_rate: float):
-    """The recipe's optimizer, or tfdist's from the options when it defines none."""
+def build_optimizer(recipe: ModuleType, cfg: dict, learning_rate: float, options):
+    """The recipe's optimizer, or tfdist's from `options` (the run's
+    `tfdist.settings.Optimization`) when it defines none."""
     if hasattr(recipe, "build_optimizer"):
         return recipe.build_optimizer(cfg, learning_rate)
     from tfdist import optim
 
-    return optim.build_optimizer(cfg, learning_rate)
+    return optim.build_optimizer(options, learning_rate)
 
 
 def callbacks(recipe: ModuleType, cfg: dict, writer) -> list:

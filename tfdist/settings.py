@@ -91,7 +91,8 @@ class Settings:
         training, optimization, runtime, logs, backup: The sections.
         adapter: The strategy adapters' options (`StrategyOptions`).
         recipe: The recipe's own options, by key.
-        instruments: Registered instruments' options (`tfdist.instruments`), by key.
+        instruments: Registered instruments' options (`tfdist.instruments.section`),
+            an attribute per key.
     """
 
     strategy: str
@@ -102,7 +103,7 @@ class Settings:
     backup: Backup
     adapter: strategies.StrategyOptions
     recipe: dict
-    instruments: dict
+    instruments: Any
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> "Settings":
@@ -119,7 +120,26 @@ class Settings:
                for name, section in _SECTIONS.items()},
             adapter=strategies.options_from(cfg),
             recipe={k: v for k, v in cfg.items() if k not in known},
-            instruments={k: v for k, v in cfg.items() if k in extra})
+            instruments=instruments.section({k: v for k, v in cfg.items() if k in extra}))
+
+    def value(self, key: str):
+        """One option's value by its key (e.g. "warmup_epochs"), in whichever section
+        holds it: for code that handles options by key (an adapter's `refuses`).
+
+        Raises:
+            KeyError: for a key no section holds.
+        """
+        if key == "strategy":
+            return self.strategy
+        for name, section in _SECTIONS.items():
+            if key in {f.name for f in dataclasses.fields(section)}:
+                return getattr(getattr(self, name), key)
+        if key in strategies.OPTION_FIELDS:
+            value = getattr(self.adapter, strategies.OPTION_FIELDS[key])
+            return value or 0 if key == "devices" else value  # StrategyOptions: None for all
+        if hasattr(self.instruments, key):
+            return getattr(self.instruments, key)
+        return self.recipe[key]
 
 
 def section_keys() -> list[str]:

@@ -72,28 +72,28 @@ class Straggler(instruments.Instrument):
                                    "among the workers)", ge=0, name="straggler_worker"),
     }
 
-    def check(self, cfg, num_workers):
-        check(cfg["straggler_delay_ms"], cfg["straggler_worker"], num_workers)
+    def check(self, opts, num_workers):
+        check(opts.straggler_delay_ms, opts.straggler_worker, num_workers)
 
-    def fit_callbacks(self, cfg, cluster):
-        if cfg["straggler_delay_ms"] and cluster.worker_index == cfg["straggler_worker"]:
-            return [keras_callback(cfg["straggler_delay_ms"])]
+    def fit_callbacks(self, opts, cluster):
+        if opts.straggler_delay_ms and cluster.worker_index == opts.straggler_worker:
+            return [keras_callback(opts.straggler_delay_ms)]
         return []
 
-    def step_deps(self, cfg, worker_index):
-        if not cfg["straggler_delay_ms"]:
+    def step_deps(self, opts, worker_index):
+        if not opts.straggler_delay_ms:
             return []
         import tensorflow as tf
 
-        return [sleep_op(tf.where(worker_index == cfg["straggler_worker"],
-                                  cfg["straggler_delay_ms"], 0))]
+        return [sleep_op(tf.where(worker_index == opts.straggler_worker,
+                                  opts.straggler_delay_ms, 0))]
 
-    def line_fields(self, cfg):
-        return {"straggler": f"{cfg['straggler_delay_ms']}ms@worker{cfg['straggler_worker']}"}
+    def line_fields(self, opts):
+        return {"straggler": f"{opts.straggler_delay_ms}ms@worker{opts.straggler_worker}"}
 
-    def describe(self, cfg):
-        return {"straggler": {"delay_ms": cfg["straggler_delay_ms"],
-                              "worker": cfg["straggler_worker"]}}
+    def describe(self, opts):
+        return {"straggler": {"delay_ms": opts.straggler_delay_ms,
+                              "worker": opts.straggler_worker}}
 
 
 instruments.register(Straggler())

@@ -29,6 +29,7 @@ from tfdist import config, exit_codes, recipe as recipe_lib
 from tfdist import straggler  # noqa: F401
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
 from tfdist.run.types import Preempted
+from tfdist.settings import Settings
 
 DEFAULT_RECIPE = "digits_mlp"
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         from tfdist.run import trainer
 
         info = cluster.detect()
-        status_file = cfg["status_file"] if info.is_chief else ""
+        status_file = Settings.of(cfg).backup.status_file if info.is_chief else ""
         trainer.train(recipe, cfg, info)
         code = exit_codes.OK
     except ConfigError as e:

@@ -14,6 +14,14 @@ from tfdist.errors import ConfigError
 from tfdist.model_parallel import stages
 
 
+def _check(cfg, cluster, choice=None):
+    """The run pipeline's pre-TensorFlow checks of a merged configuration."""
+    from tfdist.run import trainer as run_trainer
+    from tfdist.settings import Settings
+
+    run_trainer.check_before_tensorflow(Settings.of(cfg), cluster, choice)
+
+
 def launched(n, index=0, **extra):
     return detect({"TF_CONFIG": json.dumps({
         "cluster": {"worker": [f"127.0.0.1:{4000 + i}" for i in range(n)], **extra},
@@ -22,7 +30,7 @@ def launched(n, index=0, **extra):
 
 def check(cluster, *args):
     cfg = config.merge({}, ["--strategy", "pipeline", *args], "recipe r")
-    trainer.check_before_tensorflow(cfg, cluster)
+    _check(cfg, cluster)
 
 
 def test_each_task_holds_one_stage_on_its_own_cpu_copy_major():

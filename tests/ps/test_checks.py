@@ -16,6 +16,14 @@ PS_CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]
               "ps": ["127.0.0.1:4"]}
 
 
+def _check(cfg, cluster, choice=None):
+    """The run pipeline's pre-TensorFlow checks of a merged configuration."""
+    from tfdist.run import trainer as run_trainer
+    from tfdist.settings import Settings
+
+    run_trainer.check_before_tensorflow(Settings.of(cfg), cluster, choice)
+
+
 def _info(cluster):
     task_type = "chief" if "chief" in cluster else "worker"
     return info_from_tf_config({"cluster": cluster, "task": {"type": task_type, "index": 0}})
@@ -102,7 +110,7 @@ def test_options_the_coordinator_cannot_honour_are_refused_before_tensorflow(arg
     value = cfg[key]
     recipe = config.merge({key: value}, ["--strategy", "parameter_server"], "recipe r")
     with pytest.raises(ConfigError, match="the run needs"):
-        trainer.check_before_tensorflow(recipe, _info(PS_CLUSTER))
+        _check(recipe, _info(PS_CLUSTER))
 
 
 def test_help_says_which_strategy_cannot_honour_an_option():

@@ -62,8 +62,8 @@ def test_shm_hooks_add_the_goyal_warmup_only_when_asked():
 
     hooks = ShmHooks(_cluster(["127.0.0.1:2001", "127.0.0.1:2002"]))
     assert not any(isinstance(c, LearningRateWarmup)
-                   for c in hooks.callbacks({"warmup_epochs": 0.0}, 0.2))
-    (warmup,) = [c for c in hooks.callbacks({"warmup_epochs": 2.0}, 0.2)
+                   for c in hooks.callbacks(0.2, warmup_epochs=0.0))
+    (warmup,) = [c for c in hooks.callbacks(0.2, warmup_epochs=2.0)
                  if isinstance(c, LearningRateWarmup)]
     assert (warmup.initial_lr, warmup.size, warmup.warmup_epochs) == (0.1, 2, 2.0)
 

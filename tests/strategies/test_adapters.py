@@ -18,6 +18,14 @@ from tfdist.errors import ClusterError, ConfigError
 LOCAL = detect({})
 
 
+def _check(cfg, cluster, choice=None):
+    """The run pipeline's pre-TensorFlow checks of a merged configuration."""
+    from tfdist.run import trainer as run_trainer
+    from tfdist.settings import Settings
+
+    run_trainer.check_before_tensorflow(Settings.of(cfg), cluster, choice)
+
+
 def _tf_config(workers, index=0, **jobs):
     spec = {"worker": workers, **jobs}
     return detect({"TF_CONFIG": json.dumps({"cluster": spec,
@@ -122,7 +130,7 @@ def _cfg(*argv):
 ])
 def test_adapters_own_their_pre_tensorflow_checks(argv, cluster, error, message):
     with pytest.raises(error) as e:
-        trainer.check_before_tensorflow(_cfg(*argv), cluster)
+        _check(_cfg(*argv), cluster)
     assert message in str(e.value)
 
 
@@ -133,15 +141,15 @@ def test_multi_worker_refuses_its_own_busy_port_before_tensorflow():
         port = busy.getsockname()[1]
         cluster = _tf_config([f"127.0.0.1:{port}", "127.0.0.1:1"])
         with pytest.raises(ClusterError, match=f"cannot listen on 127.0.0.1:{port}"):
-            trainer.check_before_tensorflow(_cfg(), cluster)  # auto -> multi_worker
+            _check(_cfg(), cluster)  # auto -> multi_worker
 
 
 def test_options_that_apply_pass_the_same_checks():
-    trainer.check_before_tensorflow(_cfg("--strategy", "mirrored", "--devices", "2"), LOCAL)
-    trainer.check_before_tensorflow(_cfg("--strategy", "pipeline", "--microbatches", "4"), LOCAL)
-    trainer.check_before_tensorflow(_cfg("--strategy", "model_parallel", "--devices", "2",
+    _check(_cfg("--strategy", "mirrored", "--devices", "2"), LOCAL)
+    _check(_cfg("--strategy", "pipeline", "--microbatches", "4"), LOCAL)
+    _check(_cfg("--strategy", "model_parallel", "--devices", "2",
                                          "--tensor-parallel", "2"), LOCAL)
-    trainer.check_before_tensorflow(_cfg("--strategy", "pipeline", "--devices", "4",
+    _check(_cfg("--strategy", "pipeline", "--devices", "4",
                                          "--tensor-parallel", "2", "--microbatches", "2"), LOCAL)
 
 

@@ -25,7 +25,7 @@ def test_hooks_shard_by_rank_and_count_processes():
     # Other adapters keep the defaults.
     plain = strategies.build_hooks("single", cluster)
     assert plain.input_shard() is None and plain.wrap_optimizer("opt") == "opt"
-    assert plain.callbacks({}, 0.1) == []
+    assert plain.callbacks(0.1) == []
 
 
 @pytest.mark.parametrize("gpus, local_rank, expected", [(0, 3, None), (4, 1, 1), (2, 3, 1)])

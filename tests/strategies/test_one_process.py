@@ -33,6 +33,14 @@ SOURCES = {
 }
 
 
+def _check(cfg, cluster, choice=None):
+    """The run pipeline's pre-TensorFlow checks of a merged configuration."""
+    from tfdist.run import trainer as run_trainer
+    from tfdist.settings import Settings
+
+    run_trainer.check_before_tensorflow(Settings.of(cfg), cluster, choice)
+
+
 @pytest.mark.parametrize("name", ONE_PROCESS)
 @pytest.mark.parametrize("source", sorted(SOURCES))
 def test_one_process_strategy_is_refused_as_one_task_of_several(name, source):
@@ -40,7 +48,7 @@ def test_one_process_strategy_is_refused_as_one_task_of_several(name, source):
     cluster = detect(environ)
     cfg = config.merge({}, ["--strategy", name, "--devices", "2"], "recipe r")
     with pytest.raises(ConfigError) as err:
-        trainer.check_before_tensorflow(cfg, cluster)
+        _check(cfg, cluster)
     message = str(err.value)
     assert "\n" not in message
     assert f"--strategy {name} trains in one process, but this process is one of {where}" \

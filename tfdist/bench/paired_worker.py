@@ -166,14 +166,18 @@ def main(spec: dict, argv: list[str]) -> int:
     from tfdist.run import trainer
     from tfdist.bench import raw_keras, runs
 
+    from tfdist.settings import Settings
+
     recipe, cfg = train.parse(argv)
+    settings = Settings.of(cfg)
     info = cluster.detect()
-    engine = raw_keras.resolve_engine({**spec, "engine": cfg["strategy"]}, info.tf_config)
-    k, total = spec["segment_steps"], cfg["steps_per_epoch"]
-    if k < 2 or total < 2 * k or total % k or cfg["epochs"] != 1:
+    engine = raw_keras.resolve_engine({**spec, "engine": settings.strategy}, info.tf_config)
+    epochs = settings.training.epochs
+    k, total = spec["segment_steps"], settings.training.steps_per_epoch
+    if k < 2 or total < 2 * k or total % k or epochs != 1:
         raise SystemExit(f"error: the paired benchmark needs --epochs 1 and --steps-per-epoch a "
                          f"multiple (>= 2) of segment_steps >= 2. Received: --epochs "
-                         f"{cfg['epochs']} --steps-per-epoch {total}, segment_steps {k}.")
+                         f"{epochs} --steps-per-epoch {total}, segment_steps {k}.")
     tfdist_side, raw_side, thread = paired(spec, engine, total)
     if spec.get("control"):  # the A/A control: the raw baseline in the trainer's place
         raw_keras.fit_by_hand(spec, engine, total, tfdist_side)

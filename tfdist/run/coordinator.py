@@ -79,7 +79,8 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
 
     settings = settings or Settings.of(cfg)
     training, optim_, backup_s = settings.training, settings.optimization, settings.backup
-    extra = instruments.active(cfg)  # e.g. the benchmarks' slow worker
+    opts = settings.instruments
+    extra = instruments.active(opts)  # e.g. the benchmarks' slow worker
     loop.set_up(settings)  # as the fit loop; float16 losses are scaled in `step` below
     spec = cluster.tf_config["cluster"]
     workers = spec["worker"]
@@ -101,12 +102,12 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         "recipe": recipe.RECIPE_NAME, "strategy": "parameter_server", "workers": len(workers),
         "ps": len(spec["ps"]), "batch_per_step": gbs, "steps_per_epoch": steps_per_epoch,
         "learning_rate": lr, "precision": optim_.precision, "ps_shards": options.ps_shards,
-        **{k: v for i in extra for k, v in i.line_fields(cfg).items()}}))
+        **{k: v for i in extra for k, v in i.line_fields(opts).items()}}))
 
     compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
     with strategy.scope():
         model = recipe_lib.build_model(recipe, cfg)
-        optimizer = recipe_lib.build_optimizer(recipe, cfg, lr)
+        optimizer = recipe_lib.build_optimizer(recipe, cfg, lr, settings.optimization)
         model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
         # Create every variable (weights, optimizer slots, loss state) here, eagerly:
         # scheduled functions run on workers and may not create variables.
@@ -151,7 +152,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
     @tf.function
     def step(iterator):
         index = tf.distribute.coordinator.experimental_get_current_worker_index()
-        deps = [op for i in extra for op in i.step_deps(cfg, index)]
+        deps = [op for i in extra for op in i.step_deps(opts, index)]
 
         def replica_fn(x, y):
             with tf.GradientTape() as tape:
@@ -233,7 +234,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         "steps_per_worker": steps_per_worker,
         "lost_workers": [{"worker": i, "address": workers[i], "found_in_epoch": e + 1}
                          for i, e in sorted(lost.items())],
-        **{k: v for i in extra for k, v in i.describe(cfg).items()},
+        **{k: v for i in extra for k, v in i.describe(opts).items()},
         "history": history,
         "wall_time_s": wall,
         "examples_per_s": total_steps * gbs / wall if wall > 0 else 0.0,
@@ -266,8 +267,9 @@ class CoordinatorLoop(loop.Loop):
         cfg, cluster = run.cfg, run.cluster
         recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
         num_workers = len(cluster.tf_config["cluster"]["worker"])
-        for instrument in instruments.active(cfg):  # counted among the PS job's workers
-            instrument.check(cfg, num_workers)
+        opts = run.settings.instruments
+        for instrument in instruments.active(opts):  # counted among the PS job's workers
+            instrument.check(opts, num_workers)
         loop.start_tensorflow(run.settings)
         if cluster.task_type in ("worker", "ps"):
             from tfdist.ps import server

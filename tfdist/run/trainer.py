@@ -31,34 +31,35 @@ from tfdist.settings import Settings
 from tfdist.run.types import Preempted, Result, check_free_space, model_dir_for  # noqa: F401
 
 
-def check_before_tensorflow(cfg: dict, cluster, choice=None) -> None:
+def check_before_tensorflow(settings: Settings, cluster, choice=None) -> None:
     """Validates what can be validated without starting TensorFlow.
 
     Args:
-        cfg: The merged configuration.
+        settings: The run's options (`Settings.of(cfg)`).
         cluster: This process's ClusterInfo.
-        choice: The `tfdist.strategies.Choice` for cfg["strategy"]; made when None.
+        choice: The `tfdist.strategies.Choice` for `settings.strategy`; made when None.
 
     Raises:
         ConfigError: for an unknown strategy, a batch that cannot divide, a
             bad scaling rule, or whatever an adapter refuses.
         ClusterError: for a cluster the adapter cannot run on.
     """
-    choice = choice or strategies.choose(cfg["strategy"], cluster, cfg["devices"] or None)
+    choice = choice or strategies.choose(settings.strategy, cluster, settings.adapter.devices)
     choice.check_available()  # e.g. Horovod not installed
-    if cfg["tensorboard"] and importlib.util.find_spec("tensorboard") is None:
+    if settings.logs.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package, which TensorFlow no "
                           "longer installs: pip install 'tfdist[tensorboard]'.")
-    optim.check(cfg)
-    config.keras_verbosity(cfg["verbose"], interactive=False)
-    effective = cfg["global_batch_size"] * cfg["accumulate"]
-    data.scale_learning_rate(cfg["learning_rate"], effective,
-                             cfg["base_batch_size"] or effective, cfg["lr_scaling"])
+    optim_ = settings.optimization
+    optim.check(optim_)
+    config.keras_verbosity(settings.logs.verbose, interactive=False)
+    effective = settings.training.global_batch_size * optim_.accumulate
+    data.scale_learning_rate(optim_.learning_rate, effective,
+                             optim_.base_batch_size or effective, optim_.lr_scaling)
     # Each adapter's own checks (availability, batch division, ports, hosts, placement),
     # for every adapter `auto` may become once TensorFlow counts the GPUs.
-    choice.check_config(cfg)
-    for instrument in instruments.active(cfg):  # e.g. the benchmarks' slow worker
-        instrument.check(cfg, cluster.num_workers)
+    choice.check_config(settings)
+    for instrument in instruments.active(settings.instruments):  # e.g. the benchmarks' slow worker
+        instrument.check(settings.instruments, cluster.num_workers)
 
 
 def describe_peer_failure(lost, cluster, name_of=None) -> str | None:
@@ -170,12 +171,13 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
             or at a save: one line naming the path and errno).
     """
     cluster = cluster or cluster_lib.detect()
+    settings = Settings.of(cfg)  # the typed view, read once; `cfg` goes to the recipe
     # `auto` is resolved once: here to the adapters it may become (checked now),
     # after TensorFlow counts the GPUs to the one of them that is built.
-    choice = strategies.choose(cfg["strategy"], cluster, cfg["devices"] or None)
-    config.check_strategy(cfg, cfg["strategy"], choice.names)
+    choice = strategies.choose(settings.strategy, cluster, settings.adapter.devices)
+    config.check_strategy(cfg, settings.strategy, choice.names)
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
-    check_before_tensorflow(cfg, cluster, choice)  # every strategy, every task
+    check_before_tensorflow(settings, cluster, choice)  # every strategy, every task
     runs_loop = all(c.runs_loop(cluster) for c in choice.candidates)  # ps servers just serve
     # A pipeline stage task also reads it (where it can see the model dir): its
     # chief would never connect to a finished run, and the stage would wait for it.
@@ -188,10 +190,10 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
             return Result(model=None, metrics=_read_metrics(model_dir), strategy=None,
                           cluster=cluster)
     if runs_loop:
-        line = run_dir.epochs_change_line(found, cfg["epochs"], model_dir)
+        line = run_dir.epochs_change_line(found, settings.training.epochs, model_dir)
         if line:
             _log(cluster, line)
-        check_batch_change(found, cfg)
+        check_batch_change(found, settings.training)
     else:
         found = run_dir.Found()
     # The run's one writer: every file in the model dir goes through it (chief only).
@@ -199,27 +201,31 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     # The chief owns the model dir for the whole run: probed, locked, cleaned.
     with writer.claim(lambda m: _log(cluster, m)):
         run = loop_lib.Run(recipe, cfg, cluster, writer, choice, list(callbacks or []),
-                           found, Settings.of(cfg))  # the typed view, read once
+                           found, settings)
         return LOOPS[choice.loop].run(run)
 
 
-def check_batch_change(found, cfg: dict) -> None:
+def check_batch_change(found, training) -> None:
     """Refuses a batch change whose data position cannot be mapped (before TensorFlow).
 
     A mid-epoch position maps onto another batch through the data's passes
     (`checkpoint.rebatch`), which are the epochs only when --steps-per-epoch
     is 0.
 
+    Args:
+        found: What the model dir holds (`run_dir.inspect`).
+        training: The run's `tfdist.settings.Training`.
+
     Raises:
         ConfigError: naming the backup's position and both batches.
     """
-    changed = found.global_batch_size not in (None, cfg["global_batch_size"])
-    if changed and cfg["steps_per_epoch"] and found.step_in_epoch:
+    changed = found.global_batch_size not in (None, training.global_batch_size)
+    if changed and training.steps_per_epoch and found.step_in_epoch:
         raise ConfigError(
             f"{found.backup} was taken at step {found.step_in_epoch} of an epoch at global "
             f"batch {found.global_batch_size}; with --steps-per-epoch "
-            f"{cfg['steps_per_epoch']} an epoch is not a pass over the data, so that position "
-            f"has no place in an epoch at global batch {cfg['global_batch_size']}. Finish "
+            f"{training.steps_per_epoch} an epoch is not a pass over the data, so that position "
+            f"has no place in an epoch at global batch {training.global_batch_size}. Finish "
             f"the epoch at --global-batch-size {found.global_batch_size} first, or pass "
             "--steps-per-epoch 0.")
 
@@ -234,12 +240,13 @@ def _read_metrics(model_dir: str) -> dict:
         return {}
 
 
-def _rebatch(state, old_gbs, gbs, cfg, steps_per_epoch, train_dataset, cluster, lr_line):
+def _rebatch(state, old_gbs, gbs, fixed_steps, steps_per_epoch, train_dataset, cluster,
+             lr_line):
     """The backup's position at this run's batch (see `checkpoint.rebatch`), logged."""
     from tfdist.checkpoint import rebatch
 
     old_per_pass = data.count_elements(train_dataset(repeat=False, batch=old_gbs))
-    new_per_pass = (steps_per_epoch if not cfg["steps_per_epoch"]
+    new_per_pass = (steps_per_epoch if not fixed_steps
                     else data.count_elements(train_dataset(repeat=False)))
     new, skipped = rebatch(state, old_gbs, gbs, old_per_pass, new_per_pass)
     seen = (state.data_position % old_per_pass) * old_gbs
@@ -350,7 +357,7 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
     with strategy.scope():
         model = hooks.transform_model(hooks.build_model(
             lambda: recipe_lib.build_model(recipe, cfg)))
-        optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(recipe, cfg, lr))
+        optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(recipe, cfg, lr, optim_))
         model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
                       **hooks.compile_kwargs())
         recipe_lib.install_train_step(recipe, model)
@@ -389,7 +396,8 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
             _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
                           f"replica{'s' if replicas != 1 else ''} ({name}){same}")
         if old_gbs != gbs:
-            state = _rebatch(state, old_gbs, gbs, cfg, steps_per_epoch, train_dataset, cluster,
+            state = _rebatch(state, old_gbs, gbs, training.steps_per_epoch, steps_per_epoch,
+                             train_dataset, cluster,
                              rescaled or f"learning rate {lr:g}")
             with strategy.scope():  # the backup's rate was restored with its variables
                 _set_learning_rate(optimizer, lr)
@@ -406,10 +414,10 @@ def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> 
     counter = _counter()
     # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
     # state before anything else runs, and averages metrics before they are recorded.
-    callbacks = [*hooks.callbacks(cfg, lr), counter, *(callbacks or []),
+    callbacks = [*hooks.callbacks(lr, optim_.warmup_epochs), counter, *(callbacks or []),
                  *recipe_lib.callbacks(recipe, cfg, writer), backup_cb]
-    for instrument in instruments.active(cfg):
-        callbacks += instrument.fit_callbacks(cfg, cluster)
+    for instrument in instruments.active(settings.instruments):
+        callbacks += instrument.fit_callbacks(settings.instruments, cluster)
     if logs.csv_log:
         callbacks.append(cb.make_csv_logger(writer, state))
     if logs.tensorboard:

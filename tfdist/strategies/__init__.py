@@ -136,8 +136,13 @@ class Hooks:
         """The model to train, from the recipe's (model parallelism splits it)."""
         return model
 
-    def callbacks(self, cfg: dict, learning_rate: float) -> list:
-        """Extra Keras callbacks for `fit`, run before the trainer's own."""
+    def callbacks(self, learning_rate: float, warmup_epochs: float = 0.0) -> list:
+        """Extra Keras callbacks for `fit`, run before the trainer's own.
+
+        Args:
+            learning_rate: The run's (scaled) learning rate.
+            warmup_epochs: --warmup-epochs (engines with one replica per process).
+        """
         return []
 
 
@@ -168,19 +173,19 @@ class ProcessReplicaHooks(Hooks):
                                                            self.grad_compression)
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
-    def callbacks(self, cfg, learning_rate):
+    def callbacks(self, learning_rate, warmup_epochs=0.0):
         # Broadcast first (no other callback may see a rank's own init), then metrics.
         from tfdist.collectives import keras_callbacks
 
         engine = lambda: self.collectives(None)  # noqa: E731
         out = [keras_callbacks.BroadcastInitialState(engine, root=0),
                keras_callbacks.MetricAverage(engine)]
-        if cfg.get("warmup_epochs"):
+        if warmup_epochs:
             # Goyal et al.'s ramp (the callback needs Horovod only when no size is given).
             from tfdist.horovod.lr_callbacks import LearningRateWarmup
 
             size = self.cluster.num_workers
-            out.append(LearningRateWarmup(learning_rate / size, cfg["warmup_epochs"], size=size))
+            out.append(LearningRateWarmup(learning_rate / size, warmup_epochs, size=size))
         return out
 
     def _distributed(self, optimizer):  # pragma: no cover - interface
@@ -247,8 +252,8 @@ class Adapter:
         """Raises ConfigError when an optional dependency is missing (no TensorFlow)."""
 
     @classmethod
-    def check_config(cls, cfg, cluster) -> None:
-        """Pre-TensorFlow checks of the merged config on this cluster (pure).
+    def check_config(cls, settings, cluster) -> None:
+        """Pre-TensorFlow checks of the run's `tfdist.settings.Settings` on this cluster (pure).
 
         Raises:
             ConfigError: for values this adapter cannot train with.
@@ -258,21 +263,23 @@ class Adapter:
 
         cls.check_cluster(cluster)
         for key, (only, why) in cls.refuses.items():
-            if key in cfg and cfg[key] != only:
+            value = settings.value(key)
+            if value != only:
                 raise ConfigError(f"{flag(key)} does not apply to --strategy {cls.name}: {why}. "
-                                  f"Received: {flag(key)} {cfg[key]!r}. Drop it (the run needs "
+                                  f"Received: {flag(key)} {value!r}. Drop it (the run needs "
                                   f"{flag(key)} {only!r}), or use another strategy.")
-        if cfg.get("warmup_epochs") and not cls.process_replicas:
+        warmup_epochs = settings.optimization.warmup_epochs
+        if warmup_epochs and not cls.process_replicas:
             ramped = ", ".join(n for n, a in REGISTRY.items() if a.process_replicas)
             raise ConfigError(
                 f"--warmup-epochs (Goyal et al.'s ramp from lr/size to lr) applies to "
                 f"strategies that run one replica per process ({ramped}). Received: "
-                f"--warmup-epochs {cfg['warmup_epochs']} with --strategy {cls.name}. Use "
+                f"--warmup-epochs {warmup_epochs} with --strategy {cls.name}. Use "
                 "--warmup-steps N, which works under every strategy.")
         if cls.sync_workers and cluster.is_multi_worker:
             from tfdist import data
 
-            data.per_replica_batch_size(cfg["global_batch_size"], cluster.num_workers)
+            data.per_replica_batch_size(settings.training.global_batch_size, cluster.num_workers)
 
     @classmethod
     def check_cluster(cls, cluster) -> None:
@@ -469,10 +476,10 @@ class Choice:
         for candidate in self.candidates:
             candidate.check_cluster(self.cluster)
 
-    def check_config(self, cfg) -> None:
-        """Every candidate's pre-TensorFlow checks."""
+    def check_config(self, settings) -> None:
+        """Every candidate's pre-TensorFlow checks of the run's `Settings`."""
         for candidate in self.candidates:
-            candidate.check_config(cfg, self.cluster)
+            candidate.check_config(settings, self.cluster)
 
     def resolve(self, gpus: int) -> type[Adapter]:
         """The one adapter, once TensorFlow has counted the GPUs."""

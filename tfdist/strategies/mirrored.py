@@ -31,12 +31,13 @@ class Mirrored(Adapter):
     accepts = ("devices", "grad_compression")
 
     @classmethod
-    def check_config(cls, cfg, cluster):
-        super().check_config(cfg, cluster)
-        if cfg["devices"] > 1:  # the replica count is known before TensorFlow (CPU layouts)
+    def check_config(cls, settings, cluster):
+        super().check_config(settings, cluster)
+        devices = settings.adapter.devices or 0
+        if devices > 1:  # the replica count is known before TensorFlow (CPU layouts)
             from tfdist import data
 
-            data.per_replica_batch_size(cfg["global_batch_size"], cfg["devices"])
+            data.per_replica_batch_size(settings.training.global_batch_size, devices)
 
     def build(self):
         return build(self.cluster, self.options)

@@ -83,14 +83,16 @@ class ModelParallel(Adapter):
     portable = True  # the same math as one device: a backup resumes split another way
 
     @classmethod
-    def check_config(cls, cfg, cluster):
-        super().check_config(cfg, cluster)
+    def check_config(cls, settings, cluster):
+        super().check_config(settings, cluster)
         from tfdist.model_parallel import plan
 
-        plan.microbatch_size(cfg["global_batch_size"], cfg["microbatches"])
-        plan.check_tensor_parallel(cfg["devices"], cfg["tensor_parallel"], bool(cfg["placement"]))
-        if cfg["placement"]:
-            plan.parse_placement(cfg["placement"])
+        options = settings.adapter
+        plan.microbatch_size(settings.training.global_batch_size, options.microbatches)
+        plan.check_tensor_parallel(options.devices or 0, options.tensor_parallel,
+                                   bool(options.placement))
+        if options.placement:
+            plan.parse_placement(options.placement)
 
     def build(self):
         return build(self.cluster, self.options)

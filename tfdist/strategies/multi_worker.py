@@ -185,8 +185,8 @@ class MultiWorker(Adapter):
     sync_workers = True
 
     @classmethod
-    def check_config(cls, cfg, cluster):
-        super().check_config(cfg, cluster)
+    def check_config(cls, settings, cluster):
+        super().check_config(settings, cluster)
         check_own_port(cluster)  # a busy port, before TensorFlow starts
 
     def startup_note(self):

@@ -70,12 +70,12 @@ class ParameterServer(Adapter):
     }
 
     @classmethod
-    def check_config(cls, cfg, cluster):
-        super().check_config(cfg, cluster)
+    def check_config(cls, settings, cluster):
+        super().check_config(settings, cluster)
         from tfdist import ps
 
         ps.check_cluster(cluster)
-        ps.check_partitioning(cfg["ps_shards"])
+        ps.check_partitioning(settings.adapter.ps_shards)
 
     @classmethod
     def runs_loop(cls, cluster):

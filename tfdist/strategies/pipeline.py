@@ -55,7 +55,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
                          lambda model, opts: transform_model(model, opts, devices, copies))
         self.copies = copies
 
-    def callbacks(self, cfg, learning_rate):
+    def callbacks(self, learning_rate, warmup_epochs=0.0):
         """The stage watchdog (a stopped stage ends the job, named); copies of the
         pipeline take copy 0's weights when training starts (a backup restores copy
         0's only)."""
@@ -105,21 +105,22 @@ class Pipeline(model_parallel.ModelParallel):
             stages.check_cluster(cluster)
 
     @classmethod
-    def check_config(cls, cfg, cluster):
+    def check_config(cls, settings, cluster):
+        options = settings.adapter
         if cluster.num_tasks > 1:
             from tfdist.model_parallel import stages
 
-            stages.check_options(cluster, cfg["stages"], cfg["devices"], cfg["tensor_parallel"],
-                                 cfg["placement"])
-        elif cfg["stages"]:
+            stages.check_options(cluster, options.stages, options.devices or 0,
+                                 options.tensor_parallel, options.placement)
+        elif options.stages:
             from tfdist.errors import ConfigError
 
             raise ConfigError(
-                f"--stages {cfg['stages']} places stages in processes of their own, but this "
+                f"--stages {options.stages} places stages in processes of their own, but this "
                 "is one process. Start the stages as tasks: python -m tfdist.launch -n "
-                f"{cfg['stages']} -- python -m tfdist.train RECIPE --strategy pipeline; in "
+                f"{options.stages} -- python -m tfdist.train RECIPE --strategy pipeline; in "
                 "one process, split over logical devices with --devices P.")
-        super().check_config(cfg, cluster)
+        super().check_config(settings, cluster)
 
     @classmethod
     def runs_loop(cls, cluster):

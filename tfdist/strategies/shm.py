@@ -77,8 +77,8 @@ class Shm(Adapter):
         check_available()
 
     @classmethod
-    def check_config(cls, cfg, cluster):
-        super().check_config(cfg, cluster)
+    def check_config(cls, settings, cluster):
+        super().check_config(settings, cluster)
         if cluster.is_multi_worker:
             from tfdist.shm import runtime
 
