@@ -73,3 +73,42 @@ def test_the_framework_alone_does_not_know_the_benchmark_knobs():
                          env=clean_env(), cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["refused", "True", "5"]
+
+
+def test_one_declaration_per_default_for_the_cli_the_library_and_own_scripts():
+    """`tfdist.setup()`, `build_strategy` (StrategyOptions()) and the command line
+    read the same defaults: a default changed in one place changes all three."""
+    from tfdist import strategies
+
+    cli = config.merge({}, [], "r").typed
+    script = config.for_script("auto", {}).typed
+    assert script.adapter == cli.adapter == strategies.StrategyOptions()
+    assert script.runtime == cli.runtime and script.logs == cli.logs
+    for key in strategies.OPTION_FIELDS:
+        assert config.OPTIONS[key].default == strategies.adapter_default(key), key
+    # The disagreement #27 found: setup() waited 300 s on a silent collective, the CLI 60.
+    assert script.adapter.timeout_s == config.OPTIONS["collective_timeout_s"].default
+
+
+def test_setup_options_are_the_command_lines_checked_the_same_way():
+    from tfdist.errors import ConfigError
+
+    s = config.for_script("pipeline", {"microbatches": 4, "collective_timeout_s": 5,
+                                       "threads": 1, "devices": None}).typed
+    assert (s.adapter.microbatches, s.adapter.timeout_s, s.runtime.threads) == (4, 5.0, 1)
+    assert s.adapter.devices is None  # None: the default
+    with pytest.raises(ConfigError, match=r"no option timeout_s=\. Did you mean "
+                                          r"collective_timeout_s=\?"):
+        config.for_script("auto", {"timeout_s": 5})
+    with pytest.raises(ConfigError, match=r"--microbatches must be >= 1\. Received: "
+                                          r"--microbatches 0"):
+        config.for_script("pipeline", {"microbatches": 0})
+    with pytest.raises(ConfigError, match="--strategy must be one of"):
+        config.for_script("mirored", {})
+    # A value other than the default is refused where the strategy cannot use it;
+    # the default passed on (a script forwarding every option) is not.
+    cfg = config.for_script("single", {"microbatches": 4})
+    with pytest.raises(ConfigError, match=r"--microbatches applies only to --strategy pipeline"):
+        config.check_strategy(cfg, "single", {"single"})
+    config.check_strategy(config.for_script("single", {"microbatches": 1}), "single",
+                          {"single"})

@@ -25,12 +25,14 @@ from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
 from tfdist.schedules import DECAYS
 from tfdist.compression import NAMES as COMPRESSIONS
-from tfdist.strategies import accepting, refusal, refused_by, valid_names
+from tfdist.strategies import accepting, adapter_default, refusal, refused_by, valid_names
 from tfdist.strategies.multi_worker import IMPLEMENTATIONS
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "ftrl",
               "lamb", "lion", "muon", "nadam", "rmsprop")  # keras.optimizers classes by name
-# Options every recipe has. A recipe's DEFAULTS may change their defaults.
+# Options every recipe has. A recipe's DEFAULTS may change their defaults. The
+# adapters' options take their defaults from `strategies.StrategyOptions`, which
+# `tfdist.strategies.build_strategy` uses directly: declared once, there.
 OPTIONS: dict[str, Option] = {
     "strategy": Option("auto", "how to train (auto: horovod under horovodrun, parameter_server "
                        "with ps tasks, multi_worker on a cluster, mirrored with several local "
@@ -57,20 +59,20 @@ OPTIONS: dict[str, Option] = {
     "precision": Option("float32", "float32, or mixed precision (float16 gets loss scaling)",
                         choices=PRECISIONS),
     "seed": Option(0, "random seed (weights, shuffling)", ge=0, le=2**32 - 1),
-    "devices": Option(0, "local replicas: GPUs, else the CPU split into N logical devices "
+    "devices": Option(adapter_default("devices"), "local replicas: GPUs, else the CPU split into N logical devices "
                       "(0: all/auto)", ge=0, le=1024),
     "model_dir": Option("", "where the chief writes model, metrics, backups (default: "
                         "runs/RECIPE/STRATEGY[-Nw][-Ndev], see tfdist.run.run_dir)"),
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
-    "collective": Option("auto", "MultiWorkerMirroredStrategy collective implementation",
+    "collective": Option(adapter_default("collective"), "MultiWorkerMirroredStrategy collective implementation",
                          choices=IMPLEMENTATIONS),
-    "collective_timeout_s": Option(60.0, "seconds after which a collective (or a pipeline "
+    "collective_timeout_s": Option(adapter_default("collective_timeout_s"), "seconds after which a collective (or a pipeline "
                                    "step) whose peer is silent ends the job (a lost host is "
                                    "noticed in ~10 s)",
                                    gt=0),
-    "startup_timeout_s": Option(300.0, "seconds a worker waits for its peers to start before "
+    "startup_timeout_s": Option(adapter_default("startup_timeout_s"), "seconds a worker waits for its peers to start before "
                                 "the job ends (0: for ever)", ge=0),
-    "grad_compression": Option("none", "cast floating gradients for the all-reduce and back "
+    "grad_compression": Option(adapter_default("grad_compression"), "cast floating gradients for the all-reduce and back "
                                "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
@@ -102,23 +104,23 @@ OPTIONS: dict[str, Option] = {
     # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
     "status_file": Option("", "the chief writes its exit status here (atomically) before "
                           "exiting"),
-    "microbatches": Option(1, "micro-batches per batch (pipeline)", ge=1),
-    "schedule": Option("gpipe", "pipeline schedule: gpipe (all forwards, then all backwards) "
+    "microbatches": Option(adapter_default("microbatches"), "micro-batches per batch (pipeline)", ge=1),
+    "schedule": Option(adapter_default("schedule"), "pipeline schedule: gpipe (all forwards, then all backwards) "
                        "or 1f1b (at most P micro-batches' activations per stage)",
                        choices=("gpipe", "1f1b")),
-    "placement": Option("", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
+    "placement": Option(adapter_default("placement"), "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
                         "an even split over --devices)"),
-    "stages": Option(0, "pipeline across processes: stages (0: one per task of the job)",
+    "stages": Option(adapter_default("stages"), "pipeline across processes: stages (0: one per task of the job)",
                      ge=0),
-    "tensor_parallel": Option(1, "devices per stage (model_parallel, pipeline): attention "
+    "tensor_parallel": Option(adapter_default("tensor_parallel"), "devices per stage (model_parallel, pipeline): attention "
                               "split by heads, feed-forward Dense pairs by units; --devices "
                               "must be P*N for P stages", ge=1),
     # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).
     "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "
                             "over these epochs", ge=0),
-    "ps_shards": Option(0, "variable partitioning over the ps tasks (>1 refused: Keras 3)",
+    "ps_shards": Option(adapter_default("ps_shards"), "variable partitioning over the ps tasks (>1 refused: Keras 3)",
                         ge=0),
-    "min_shard_bytes": Option(262144, "smallest variable shard", ge=1),
+    "min_shard_bytes": Option(adapter_default("min_shard_bytes"), "smallest variable shard", ge=1),
 }
 # Which strategies an option applies to is declared by the adapters (their
 # `accepts` and `refuses`), so the option table and the adapters cannot disagree.
@@ -277,6 +279,44 @@ def merge(recipe_defaults: Mapping[str, Any], argv: list[str], context: str) -> 
     overrides = parse_overrides(argv, options, context)
     values = {k: o.default for k, o in options.items()}
     return Config({**values, **overrides}, options, given=overrides)
+
+
+# The options an own script passes to `tfdist.setup()`: how to train and this
+# process's runtime (what to train, and for how long, is the script's own).
+# setup()'s keywords before they took the command line's names.
+RENAMED = {"timeout_s": "collective_timeout_s"}
+SCRIPT_OPTIONS = ("devices", "threads", "inter_op_threads", "collective",
+                  "collective_timeout_s", "startup_timeout_s", "grad_compression",
+                  "microbatches", "schedule", "placement", "stages", "tensor_parallel",
+                  "ps_shards", "min_shard_bytes", "tf_logs")
+
+
+def for_script(strategy: str, given: Mapping[str, Any]) -> Config:
+    """The configuration of an own script's `tfdist.setup(strategy, **given)`:
+    the command line's declarations, defaults and checks, keyword arguments for flags.
+
+    Raises:
+        ConfigError: for an option setup() does not take (with a did-you-mean), a
+            value of the wrong type or out of range, or one the strategy does not use.
+    """
+    context = "tfdist.setup()"
+    allowed = {k: OPTIONS[k] for k in SCRIPT_OPTIONS}
+    for key in given:
+        if key not in allowed:
+            close = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(
+                key, list(allowed), n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]}=?" if close else ""
+            raise ConfigError(f"{context} has no option {key}=.{hint} Its options: "
+                              f"{', '.join(SCRIPT_OPTIONS)} (their meaning: python -m "
+                              "tfdist.train --help).")
+    # None leaves an option at its default (a script's own `--devices` unset, say).
+    values = {k: allowed[k].check(v, context) for k, v in given.items() if v is not None}
+    values["strategy"] = OPTIONS["strategy"].check(strategy, context)
+    # A default passed on (a script that forwards every option) is not a choice the
+    # strategy must honour; a value that differs is checked as a flag would be.
+    return Config({**FRAMEWORK_DEFAULTS, **values}, OPTIONS,
+                  given=[k for k, v in values.items()
+                         if k != "strategy" and v != OPTIONS[k].default])
 
 
 def check_strategy(cfg: Mapping[str, Any], strategy: str, possible: set[str]) -> None:

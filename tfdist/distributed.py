@@ -153,11 +153,7 @@ class Distributed:
             print(*args, **kwargs, flush=True)
 
 
-def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | None = None,
-          collective: str = "auto", timeout_s: float | None = 300.0,
-          microbatches: int = 1, schedule: str = "gpipe", placement: str = "",
-          tensor_parallel: int = 1, grad_compression: str = "none",
-          tf_logs: bool = False) -> Distributed:
+def setup(strategy: str = "auto", **options) -> Distributed:
     """Finds the cluster, starts TensorFlow quietly and builds the strategy.
 
     Call it first, before any TensorFlow op: the strategy (and CPU logical
@@ -175,50 +171,46 @@ def setup(strategy: str = "auto", *, devices: int | None = None, threads: int | 
         strategy: Any `tfdist.strategies.valid_names()` name; "auto" picks
             multi_worker under a cluster, horovod under horovodrun, mirrored
             when several local devices are asked for, else single.
-        devices: Local replicas (GPUs, or the CPU split into this many).
-        threads: Intra-op threads per process (None: TensorFlow's choice).
-        collective: MWMS collectives: "auto", "ring" or "nccl".
-        timeout_s: Collective timeout, so a dead peer ends the job.
-        microbatches: pipeline: micro-batches per batch.
-        schedule: pipeline: "gpipe" or "1f1b".
-        placement: model_parallel, pipeline: "a,b=/cpu:0;c=/cpu:1" layer groups
-            on devices; empty for an even split over `devices`.
-        tensor_parallel: model_parallel, pipeline: devices per stage, over
-            which each stage's attention heads and feed-forward Dense pairs
-            are split (`devices` is stages x tensor_parallel).
-        grad_compression: "none", "fp16" or "bf16": gradients cast for the
-            all-reduce and back (data-parallel strategies).
-        tf_logs: Show TensorFlow's C++ start-up lines.
+        **options: The command line's options of how to train, as keywords, with
+            its defaults, ranges and checks (`python -m tfdist.train --help`
+            says what each means): `devices` (local replicas: GPUs, or the CPU
+            split into this many), `threads`, `inter_op_threads`, `collective`,
+            `collective_timeout_s`, `startup_timeout_s`, `grad_compression`,
+            `microbatches`, `schedule`, `placement`, `stages`,
+            `tensor_parallel`, `ps_shards`, `min_shard_bytes`, `tf_logs` (show
+            TensorFlow's C++ start-up lines). See `tfdist.config.SCRIPT_OPTIONS`;
+            None leaves an option at its default.
 
     Returns:
         A `Distributed`.
 
     Raises:
-        ConfigError: for an unknown strategy or a missing optional dependency.
+        ConfigError: for an unknown strategy or option, a value out of range, an
+            option the strategy does not use, or a missing optional dependency.
         ClusterError: for an inconsistent cluster environment.
     """
     from tfdist import cluster as cluster_lib
-    from tfdist import strategies
+    from tfdist import config, strategies
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
+    cfg = config.for_script(strategy, options)  # every check the command line makes
+    settings = cfg.typed
     strategies.check_available(strategy)
     info = cluster_lib.detect()
+    devices = settings.adapter.devices
+    choice = strategies.choose(strategy, info, devices)
+    config.check_strategy(cfg, strategy, choice.names)
     # Before TensorFlow: e.g. a one-process strategy started as one task of several.
-    strategies.choose(strategy, info, devices).check_cluster()
-    import_tensorflow(show_logs=tf_logs or cluster_lib.detect_console().tf_logs)
+    choice.check_cluster()
+    runtime = settings.runtime
+    import_tensorflow(show_logs=settings.logs.tf_logs or cluster_lib.detect_console().tf_logs)
     from tfdist.strategies.devices import configure_runtime, gpu_count
 
     configure_runtime(cpu_devices=devices if devices and devices > 1 and gpu_count() == 0
-                      else None, intra_op_threads=threads)
-    options = strategies.StrategyOptions(devices=devices, collective=collective,
-                                         timeout_s=timeout_s, microbatches=microbatches,
-                                         schedule=schedule,
-                                         placement=placement,
-                                         tensor_parallel=tensor_parallel,
-                                         grad_compression=grad_compression)
-    adapter_class = strategies.choose(strategy, info, devices).resolve(gpu_count())
+                      else None, intra_op_threads=runtime.threads or None,
+                      inter_op_threads=runtime.inter_op_threads or None)
+    adapter_class = choice.resolve(gpu_count())
     if not adapter_class.runs_loop(info):  # a pipeline's stage task: it serves, never returns
-        adapter_class(info, options).serve(threads or 0)
-    adapter, built = strategies.build(strategy, info, options, gpu_count())
+        adapter_class(info, settings.adapter).serve(runtime.threads)
+    adapter, built = strategies.build(strategy, info, settings.adapter, gpu_count())
     return Distributed(strategy=built, name=adapter.name, cluster=info, hooks=adapter.hooks())
-

@@ -26,7 +26,8 @@ ALIASES = ("auto",)
 
 @dataclasses.dataclass(frozen=True)
 class StrategyOptions:
-    """Options every adapter may read.
+    """Options every adapter may read; their defaults are the command line's too
+    (`tfdist.config` takes them from here: `adapter_default`).
 
     Attributes:
         devices: Local replicas (GPUs, else logical CPUs); None for all.
@@ -51,7 +52,7 @@ class StrategyOptions:
 
     devices: int | None = None
     collective: str = "auto"
-    timeout_s: float | None = 60.0  # as config.DEFAULTS["collective_timeout_s"]
+    timeout_s: float | None = 60.0
     microbatches: int = 1
     schedule: str = "gpipe"
     placement: str = ""
@@ -71,6 +72,13 @@ OPTION_FIELDS: dict[str, str] = {
     "microbatches": "microbatches", "schedule": "schedule", "placement": "placement",
     "tensor_parallel": "tensor_parallel", "stages": "stages", "ps_shards": "ps_shards",
     "min_shard_bytes": "min_shard_bytes"}
+
+
+def adapter_default(key: str):
+    """The default of adapter option `key` (e.g. "collective_timeout_s"): its
+    `StrategyOptions` field's, the one declaration (devices: 0, meaning all)."""
+    field = {f.name: f for f in dataclasses.fields(StrategyOptions)}[OPTION_FIELDS[key]]
+    return 0 if key == "devices" else field.default
 
 
 def options_from(cfg) -> StrategyOptions:
