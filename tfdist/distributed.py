@@ -212,5 +212,21 @@ def setup(strategy: str = "auto", **options) -> Distributed:
     adapter_class = choice.resolve(gpu_count())
     if not adapter_class.runs_loop(info):  # a pipeline's stage task: it serves, never returns
         adapter_class(info, settings.adapter).serve(runtime.threads)
-    adapter, built = strategies.build(strategy, info, settings.adapter, gpu_count())
-    return Distributed(strategy=built, name=adapter.name, cluster=info, hooks=adapter.hooks())
+    return build(strategy, info, settings.adapter, gpu_count())
+
+
+def build(strategy: str, cluster, options, gpus: int, say=None) -> Distributed:
+    """The `Distributed` of `strategy` on `cluster`: the one set-up path of `setup()`
+    and of the CLI's run (`tfdist.run.trainer`), after the runtime is configured.
+
+    Args:
+        strategy: As asked ("auto" or a name); resolved here with `gpus`.
+        cluster: This process's ClusterInfo.
+        options: `tfdist.strategies.StrategyOptions`.
+        gpus: Physical GPUs TensorFlow counted.
+        say: Called with the adapter's start-up note (e.g. waiting for peers).
+    """
+    from tfdist import strategies
+
+    adapter, built = strategies.build(strategy, cluster, options, gpus, say=say)
+    return Distributed(strategy=built, name=adapter.name, cluster=cluster, hooks=adapter.hooks())

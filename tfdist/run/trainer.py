@@ -272,8 +272,7 @@ class FitLoop(loop_lib.Loop):
     kind = "fit"
 
     def run(self, run: loop_lib.Run) -> Result:
-        return _train(run.recipe, run.cfg, run.cluster, run.callbacks, run.writer, run.choice,
-                      run.found, run.settings)
+        return FitRun(run).train()
 
 
 class StageLoop(loop_lib.Loop):
@@ -295,192 +294,250 @@ LOOPS: dict[str, loop_lib.Loop] = {
     loop.kind: loop for loop in (FitLoop(), CoordinatorLoop(), StageLoop())}
 
 
-def _train(recipe, cfg, cluster, callbacks, writer, choice, found, settings) -> Result:
-    model_dir = writer.model_dir
-    # `cfg` goes to the recipe's functions and the backup's record; the loop reads `settings`.
-    training, optim_, logs, backup_s = (settings.training, settings.optimization,
-                                        settings.logs, settings.backup)
-    console = loop_lib.start_tensorflow(settings)
-    import tensorflow as tf
+class FitRun:
+    """One `fit` run on this process, in the order TensorFlow needs: `set_up` (runtime,
+    strategy), `build` (data, model, optimizer), `resume`, `fit`, `finish`.
 
-    from tfdist import callbacks as cb
-    from tfdist import compat
-    from tfdist.compat.tf_startup_logs import hide_float16_notice
-    from tfdist.preemption import PreemptionWatcher, default_check_steps
-    from tfdist.strategies.devices import gpu_count
+    `cfg` goes to the recipe's functions and the backup's record; everything
+    else reads `settings`.
+    """
 
-    options = settings.adapter
-    split = options.devices if options.devices and options.devices > 1 and gpu_count() == 0 \
-        else None
-    loop_lib.set_up(settings, cpu_devices=split)
-    adapter = choice.resolve(gpu_count())(cluster, options)
-    name = adapter.name
-    note = adapter.startup_note()  # before a build that may wait for peers
-    if note:
-        print(f"tfdist: {note}", flush=True)
-    compat.apply_all()  # Keras fit/evaluate under the strategy (as build_strategy does)
-    strategy = adapter.build()
-    if optim_.precision == "mixed_float16":
-        hide_float16_notice(tf, enabled=not (logs.tf_logs or console.tf_logs))
-    hooks = adapter.hooks()  # e.g. ranks, input shard, optimizer wrapper, callbacks
-    replicas = hooks.num_replicas(strategy)
-    gbs = training.global_batch_size
-    per_replica = data.per_replica_batch_size(gbs, replicas)
-    # With accumulation one optimizer step sees `accumulate` global batches.
-    effective = gbs * optim_.accumulate
-    lr = data.scale_learning_rate(optim_.learning_rate, effective,
-                                  optim_.base_batch_size or effective, optim_.lr_scaling)
-    # A resumed run goes on at its backup's rate (rescaled if the batch changed).
-    lr, rescaled = run_dir.resume_learning_rate(found, cfg, lr) if backup_s.resume else (lr, None)
-    _log(cluster, loop_lib.run_line({
-        "recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
-        "workers": cluster.num_workers, "source": cluster.source, "global_batch_size": gbs,
-        "per_replica_batch_size": per_replica, "learning_rate": lr,
-        "accumulate": optim_.accumulate, "precision": optim_.precision, "model_dir": model_dir}))
+    def __init__(self, run: loop_lib.Run):
+        self.recipe, self.cfg, self.cluster = run.recipe, run.cfg, run.cluster
+        self.writer, self.found, self.settings = run.writer, run.found, run.settings
+        self.extra_callbacks = list(run.callbacks or [])
 
-    def train_dataset(skip_batches=0, repeat=True, batch=gbs):
-        return data.prepare(recipe_lib.build_dataset(recipe, cfg, "train"), batch,
-                            num_workers=cluster.num_workers, training=True,
-                            shuffle_buffer=training.shuffle_buffer, seed=training.seed,
-                            shard_by=hooks.input_shard(),
+    def train(self) -> Result:
+        """Every step; returns the Result."""
+        self.set_up()
+        self.build()
+        self.resume()
+        self.fit()
+        return self.finish()
+
+    def set_up(self) -> None:
+        """TensorFlow, the runtime (before any op), the strategy and the learning rate."""
+        settings, cluster = self.settings, self.cluster
+        self.console = loop_lib.start_tensorflow(settings)
+        import tensorflow as tf
+
+        from tfdist import distributed
+        from tfdist.compat.tf_startup_logs import hide_float16_notice
+        from tfdist.strategies.devices import gpu_count
+
+        options, optim_ = settings.adapter, settings.optimization
+        split = options.devices if options.devices and options.devices > 1 and gpu_count() == 0 \
+            else None
+        loop_lib.set_up(settings, cpu_devices=split)
+        # The set-up an own script's tfdist.setup() gets: adapter, strategy, hooks.
+        self.dist = dist = distributed.build(
+            settings.strategy, cluster, options, gpu_count(),
+            say=lambda note: print(f"tfdist: {note}", flush=True))
+        if optim_.precision == "mixed_float16":
+            hide_float16_notice(tf, enabled=not (settings.logs.tf_logs or self.console.tf_logs))
+        self.gbs = gbs = settings.training.global_batch_size
+        per_replica = data.per_replica_batch_size(gbs, dist.num_replicas)
+        # With accumulation one optimizer step sees `accumulate` global batches.
+        self.effective = effective = gbs * optim_.accumulate
+        lr = data.scale_learning_rate(optim_.learning_rate, effective,
+                                      optim_.base_batch_size or effective, optim_.lr_scaling)
+        # A resumed run goes on at its backup's rate (rescaled if the batch changed).
+        self.lr, self.rescaled = (run_dir.resume_learning_rate(self.found, self.cfg, lr)
+                                  if settings.backup.resume else (lr, None))
+        _log(cluster, loop_lib.run_line({
+            "recipe": self.recipe.RECIPE_NAME, "strategy": dist.name,
+            "num_replicas": dist.num_replicas, "workers": cluster.num_workers,
+            "source": cluster.source, "global_batch_size": gbs,
+            "per_replica_batch_size": per_replica, "learning_rate": self.lr,
+            "accumulate": optim_.accumulate, "precision": optim_.precision,
+            "model_dir": self.writer.model_dir}))
+
+    def train_dataset(self, skip_batches=0, repeat=True, batch=None):
+        """This process's training input, from `skip_batches` on."""
+        training = self.settings.training
+        return data.prepare(recipe_lib.build_dataset(self.recipe, self.cfg, "train"),
+                            batch or self.gbs, num_workers=self.cluster.num_workers,
+                            training=True, shuffle_buffer=training.shuffle_buffer,
+                            seed=training.seed, shard_by=self.dist.hooks.input_shard(),
                             repeat=repeat, skip_batches=skip_batches)
 
-    steps_per_epoch = training.steps_per_epoch or data.count_elements(train_dataset(repeat=False))
-    test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), gbs,
-                           num_workers=cluster.num_workers, training=False)
-    policy = test_ds.options().experimental_distribute.auto_shard_policy.name
-    if hooks.input_shard():  # the adapter's processes each read their own slice
-        policy = "RANK"
-    _log(cluster, f"input sharding: {policy if policy == 'RANK' else 'AutoShardPolicy.' + policy}"
-                  f"; {steps_per_epoch} steps per epoch")
+    def build(self) -> None:
+        """The data's size and sharding, then the model and optimizer under the strategy."""
+        recipe, cfg, cluster, hooks = self.recipe, self.cfg, self.cluster, self.dist.hooks
+        self.steps_per_epoch = (self.settings.training.steps_per_epoch
+                                or data.count_elements(self.train_dataset(repeat=False)))
+        self.test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), self.gbs,
+                                    num_workers=cluster.num_workers, training=False)
+        policy = self.test_ds.options().experimental_distribute.auto_shard_policy.name
+        if hooks.input_shard():  # the adapter's processes each read their own slice
+            policy = "RANK"
+        self.policy = policy
+        _log(cluster, f"input sharding: "
+                      f"{policy if policy == 'RANK' else 'AutoShardPolicy.' + policy}"
+                      f"; {self.steps_per_epoch} steps per epoch")
+        with self.dist.scope():
+            model = hooks.transform_model(hooks.build_model(
+                lambda: recipe_lib.build_model(recipe, cfg)))
+            optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(
+                recipe, cfg, self.lr, self.settings.optimization))
+            model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
+                          **hooks.compile_kwargs())
+            recipe_lib.install_train_step(recipe, model)
+            optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
+            # A batched dataset or one of the wrong shape fails here, naming the recipe,
+            # not in fit.
+            recipe_lib.check_fits(recipe, model, self.test_ds.element_spec, batched=True)
+            # Keras builds optimizers lazily; build now so a backup can fill its slots.
+            optimizer.build(model.trainable_variables)
+        self.model, self.optimizer = model, optimizer
+        check_free_space(self.writer.model_dir, cluster, model, optimizer)
 
-    with strategy.scope():
-        model = hooks.transform_model(hooks.build_model(
-            lambda: recipe_lib.build_model(recipe, cfg)))
-        optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(recipe, cfg, lr, optim_))
-        model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),
-                      **hooks.compile_kwargs())
-        recipe_lib.install_train_step(recipe, model)
-        optimizer = model.optimizer  # a LossScaleOptimizer under mixed_float16
-        # A batched dataset or one of the wrong shape fails here, naming the recipe, not in fit.
-        recipe_lib.check_fits(recipe, model, test_ds.element_spec, batched=True)
-        # Keras builds optimizers lazily; build now so a backup can fill its slots.
-        optimizer.build(model.trainable_variables)
-    check_free_space(model_dir, cluster, model, optimizer)
+    def resume(self) -> None:
+        """The newest backup's weights, optimizer state and data position, if any."""
+        cluster, dist, backup_s = self.cluster, self.dist, self.settings.backup
+        name, replicas, gbs = dist.name, dist.num_replicas, self.gbs
+        self.store = store = BackupStore(self.writer, keep=backup_s.keep)
+        # The strategy and replica count are recorded, not matched (see check_compatible).
+        self.meta = {"recipe": self.recipe.RECIPE_NAME, "strategy": name,
+                     "num_replicas": replicas, "global_batch_size": gbs,
+                     "accumulate": self.settings.optimization.accumulate,
+                     "steps_per_epoch": self.steps_per_epoch,
+                     "config": run_dir.run_config(self.cfg),
+                     "epochs": self.settings.training.epochs,  # for reruns
+                     "learning_rate": self.lr}
+        try:
+            restored, backup = store.resume(
+                backup_s.resume, self.meta, self.model.variables, self.optimizer.variables,
+                dist.scope, batch_change_ok=backup_s.rescale_lr_on_batch_change)
+        finally:  # said even when the backup fallen back to is then refused
+            for bad, why in store.skipped:
+                _log(cluster, f"skipped backup {bad}, moved aside to {bad}{CORRUPT_SUFFIX}: "
+                              f"{why}")
+        self.state, self.resumed_from = ((restored, backup) if restored
+                                         else (TrainState(), None))
+        state = self.state
+        if restored:
+            _log(cluster, f"resumed from {backup}: epoch {state.epoch}, step "
+                          f"{state.step_in_epoch} of {self.steps_per_epoch} (global step "
+                          f"{state.global_step})")
+            was = (store.record.get("num_replicas"), store.record.get("strategy"))
+            old_gbs = store.record.get("global_batch_size")
+            if was != (replicas, name) and None not in was:
+                # Only at the same global batch is it the same math; a batch change says so.
+                same = (f", at the same global batch {gbs}: the same examples per step, the "
+                        "same math") if old_gbs == gbs else ""
+                _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
+                              f"replica{'s' if replicas != 1 else ''} ({name}){same}")
+            if old_gbs != gbs:
+                self.state = _rebatch(state, old_gbs, gbs, self.settings.training.steps_per_epoch,
+                                      self.steps_per_epoch, self.train_dataset, cluster,
+                                      self.rescaled or f"learning rate {self.lr:g}")
+                with dist.scope():  # the backup's rate was restored with its variables
+                    _set_learning_rate(self.optimizer, self.lr)
+        elif backup:
+            _log(cluster, f"--no-resume: removed old backups in {store.directory}")
 
-    # --- resume ---------------------------------------------------------
-    store = BackupStore(writer, keep=backup_s.keep)
-    # The strategy and replica count are recorded, not matched (see check_compatible).
-    meta = {"recipe": recipe.RECIPE_NAME, "strategy": name, "num_replicas": replicas,
-            "global_batch_size": gbs, "accumulate": optim_.accumulate,
-            "steps_per_epoch": steps_per_epoch,
-            "config": run_dir.run_config(cfg), "epochs": training.epochs,  # for reruns
-            "learning_rate": lr}
-    try:
-        restored, backup = store.resume(backup_s.resume, meta, model.variables,
-                                        optimizer.variables, strategy.scope,
-                                        batch_change_ok=backup_s.rescale_lr_on_batch_change)
-    finally:  # said even when the backup fallen back to is then refused
-        for bad, why in store.skipped:
-            _log(cluster, f"skipped backup {bad}, moved aside to {bad}{CORRUPT_SUFFIX}: {why}")
-    state, resumed_from = (restored, backup) if restored else (TrainState(), None)
-    if restored:
-        _log(cluster, f"resumed from {backup}: epoch {state.epoch}, step "
-                      f"{state.step_in_epoch} of {steps_per_epoch} (global step {state.global_step})")
-        was = (store.record.get("num_replicas"), store.record.get("strategy"))
-        old_gbs = store.record.get("global_batch_size")
-        if was != (replicas, name) and None not in was:
-            # Only at the same global batch is it the same math; a batch change says so below.
-            same = (f", at the same global batch {gbs}: the same examples per step, the same "
-                    "math") if old_gbs == gbs else ""
-            _log(cluster, f"resumed from a {was[0]}-replica {was[1]} backup on {replicas} "
-                          f"replica{'s' if replicas != 1 else ''} ({name}){same}")
-        if old_gbs != gbs:
-            state = _rebatch(state, old_gbs, gbs, training.steps_per_epoch, steps_per_epoch,
-                             train_dataset, cluster,
-                             rescaled or f"learning rate {lr:g}")
-            with strategy.scope():  # the backup's rate was restored with its variables
-                _set_learning_rate(optimizer, lr)
-    elif backup:
-        _log(cluster, f"--no-resume: removed old backups in {store.directory}")
+    def _callbacks(self, backup_cb, counter) -> list:
+        settings, hooks, logs = self.settings, self.dist.hooks, self.settings.logs
+        from tfdist import callbacks as cb
 
-    # --- train ----------------------------------------------------------
-    watcher = PreemptionWatcher()
-    backup_cb = cb.make_backup_callback(
-        store, state, meta, steps_per_epoch=steps_per_epoch,
-        save_every_steps=backup_s.save_every_steps, watcher=watcher,
-        agree=lambda flag: hooks.any_worker(strategy, flag),
-        check_every=backup_s.preempt_check_steps or default_check_steps(cluster.num_workers))
-    counter = _counter()
-    # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
-    # state before anything else runs, and averages metrics before they are recorded.
-    callbacks = [*hooks.callbacks(lr, optim_.warmup_epochs), counter, *(callbacks or []),
-                 *recipe_lib.callbacks(recipe, cfg, writer), backup_cb]
-    for instrument in instruments.active(settings.instruments):
-        callbacks += instrument.fit_callbacks(settings.instruments, cluster)
-    if logs.csv_log:
-        callbacks.append(cb.make_csv_logger(writer, state))
-    if logs.tensorboard:
-        callbacks += [c for c in [cb.make_tensorboard(writer)] if c]
-    verbose = config.keras_verbosity(logs.verbose, console.interactive)
-    callbacks.append(cb.make_progress_bar(training.epochs))  # last, where Keras puts its own
-    start = time.perf_counter()
-    try:
-        while state.epoch < training.epochs and not backup_cb.preempted:
-            # A run resumed mid-epoch first finishes that epoch on its own.
-            partial = state.step_in_epoch > 0
-            model.fit(train_dataset(skip_batches=state.data_position),
-                      initial_epoch=state.epoch,
-                      epochs=state.epoch + 1 if partial else training.epochs,
-                      steps_per_epoch=steps_per_epoch - state.step_in_epoch,
-                      verbose=verbose if cluster.is_chief else 0,
-                      callbacks=callbacks, shuffle=False)  # shuffling is data.prepare's job
-    except (tf.errors.OpError, PeerLostError) as e:
-        if not cluster.is_multi_worker:
-            raise
-        lost = hooks.lost_peer(strategy, e)  # the engine's fields, never its message
-        located = locate_peer(lost, cluster)  # once: named in the message and as fields
-        peer = _describe(located)
-        found = located or (None, None, None)
-        raise PeerLostError(
-            f"lost contact with {peer or 'a peer worker'} during training "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). The newest backup is "
-            f"{store.latest() or 'none yet'}; rerun the same command to resume.",
-            rank=found[1], address=found[2], job=found[0] or "worker") from None
-    finally:
-        watcher.uninstall()
-    wall = time.perf_counter() - start
-    if backup_cb.preempted:
-        # Every worker stopped at the agreed step, where the chief saved.
-        path = backup_cb.last_path or store.path_for(state.global_step)
-        if watcher.interrupted:
-            raise Preempted(f"interrupted at step {state.global_step}; backup {path}; rerun to "
-                            "continue", path, interrupted=True)
-        raise Preempted(f"preempted by signal {watcher.signum} at global step "
-                        f"{state.global_step}; backup {path}. "
-                        "Rerun the same command to continue.", path)
+        # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
+        # state before anything else runs, and averages metrics before they are recorded.
+        out = [*hooks.callbacks(self.lr, settings.optimization.warmup_epochs), counter,
+               *self.extra_callbacks, *recipe_lib.callbacks(self.recipe, self.cfg, self.writer),
+               backup_cb]
+        for instrument in instruments.active(settings.instruments):
+            out += instrument.fit_callbacks(settings.instruments, self.cluster)
+        if logs.csv_log:
+            out.append(cb.make_csv_logger(self.writer, self.state))
+        if logs.tensorboard:
+            out += [c for c in [cb.make_tensorboard(self.writer)] if c]
+        # Last, where Keras puts its own.
+        out.append(cb.make_progress_bar(settings.training.epochs))
+        return out
 
-    metrics = {
-        "recipe": recipe.RECIPE_NAME,
-        "strategy": name,
-        "num_replicas": replicas,
-        "num_workers": cluster.num_workers,
-        "global_batch_size": gbs,
-        "learning_rate": lr,
-        "optimizer": optim_.optimizer,
-        "accumulate": optim_.accumulate,
-        "effective_batch_size": effective,
-        "clipnorm": optim_.clipnorm,
-        "precision": optim_.precision,
-        "loss_scaling": type(optimizer).__name__ == "LossScaleOptimizer",
-        "shard_policy": policy,
-        "epochs": training.epochs,
-        "steps_per_epoch": steps_per_epoch,
-        "global_step": state.global_step,
-        "resumed_from": resumed_from,
-        "history": state.history,
-        "wall_time_s": wall,
-        "examples_per_s": counter.steps * gbs / wall if wall > 0 else 0.0,
-    }
-    metrics = loop_lib.finish(model, test_ds, metrics, writer, cluster, recipe, cfg)
-    return Result(model=model, metrics=metrics, strategy=strategy, cluster=cluster)
+    def fit(self) -> None:
+        """Keras `fit` to the last epoch; a lost peer or a signal ends it (saved, named)."""
+        import tensorflow as tf
+
+        from tfdist import callbacks as cb
+        from tfdist.preemption import PreemptionWatcher, default_check_steps
+
+        cluster, hooks, strategy = self.cluster, self.dist.hooks, self.dist.strategy
+        backup_s, epochs, state = self.settings.backup, self.settings.training.epochs, self.state
+        store, steps_per_epoch = self.store, self.steps_per_epoch
+        watcher = PreemptionWatcher()
+        backup_cb = cb.make_backup_callback(
+            store, state, self.meta, steps_per_epoch=steps_per_epoch,
+            save_every_steps=backup_s.save_every_steps, watcher=watcher,
+            agree=lambda flag: hooks.any_worker(strategy, flag),
+            check_every=backup_s.preempt_check_steps or default_check_steps(cluster.num_workers))
+        self.counter = _counter()
+        callbacks = self._callbacks(backup_cb, self.counter)
+        verbose = config.keras_verbosity(self.settings.logs.verbose, self.console.interactive)
+        start = time.perf_counter()
+        try:
+            while state.epoch < epochs and not backup_cb.preempted:
+                # A run resumed mid-epoch first finishes that epoch on its own.
+                partial = state.step_in_epoch > 0
+                self.model.fit(self.train_dataset(skip_batches=state.data_position),
+                               initial_epoch=state.epoch,
+                               epochs=state.epoch + 1 if partial else epochs,
+                               steps_per_epoch=steps_per_epoch - state.step_in_epoch,
+                               verbose=verbose if cluster.is_chief else 0,
+                               callbacks=callbacks,
+                               shuffle=False)  # shuffling is data.prepare's job
+        except (tf.errors.OpError, PeerLostError) as e:
+            if not cluster.is_multi_worker:
+                raise
+            lost = hooks.lost_peer(strategy, e)  # the engine's fields, never its message
+            located = locate_peer(lost, cluster)  # once: named in the message and as fields
+            peer = _describe(located)
+            found = located or (None, None, None)
+            raise PeerLostError(
+                f"lost contact with {peer or 'a peer worker'} during training "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). The newest backup is "
+                f"{store.latest() or 'none yet'}; rerun the same command to resume.",
+                rank=found[1], address=found[2], job=found[0] or "worker") from None
+        finally:
+            watcher.uninstall()
+        self.wall = time.perf_counter() - start
+        if backup_cb.preempted:
+            # Every worker stopped at the agreed step, where the chief saved.
+            path = backup_cb.last_path or store.path_for(state.global_step)
+            if watcher.interrupted:
+                raise Preempted(f"interrupted at step {state.global_step}; backup {path}; "
+                                "rerun to continue", path, interrupted=True)
+            raise Preempted(f"preempted by signal {watcher.signum} at global step "
+                            f"{state.global_step}; backup {path}. "
+                            "Rerun the same command to continue.", path)
+
+    def finish(self) -> Result:
+        """Evaluation, then the chief's model and metrics.json."""
+        optim_, dist, wall = self.settings.optimization, self.dist, self.wall
+        metrics = {
+            "recipe": self.recipe.RECIPE_NAME,
+            "strategy": dist.name,
+            "num_replicas": dist.num_replicas,
+            "num_workers": self.cluster.num_workers,
+            "global_batch_size": self.gbs,
+            "learning_rate": self.lr,
+            "optimizer": optim_.optimizer,
+            "accumulate": optim_.accumulate,
+            "effective_batch_size": self.effective,
+            "clipnorm": optim_.clipnorm,
+            "precision": optim_.precision,
+            "loss_scaling": type(self.optimizer).__name__ == "LossScaleOptimizer",
+            "shard_policy": self.policy,
+            "epochs": self.settings.training.epochs,
+            "steps_per_epoch": self.steps_per_epoch,
+            "global_step": self.state.global_step,
+            "resumed_from": self.resumed_from,
+            "history": self.state.history,
+            "wall_time_s": wall,
+            "examples_per_s": self.counter.steps * self.gbs / wall if wall > 0 else 0.0,
+        }
+        metrics = loop_lib.finish(self.model, self.test_ds, metrics, self.writer, self.cluster,
+                                  self.recipe, self.cfg)
+        return Result(model=self.model, metrics=metrics, strategy=dist.strategy,
+                      cluster=self.cluster)

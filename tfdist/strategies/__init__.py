@@ -528,7 +528,7 @@ def build_strategy(name: str, cluster=None, options: StrategyOptions | None = No
 
 
 def build(name: str, cluster=None, options: StrategyOptions | None = None,
-          gpus: int | None = None):
+          gpus: int | None = None, say=None):
     """(adapter, strategy): `name` resolved once, then built (compat applied first).
 
     Args:
@@ -536,6 +536,8 @@ def build(name: str, cluster=None, options: StrategyOptions | None = None,
         cluster: A `tfdist.cluster.ClusterInfo`; discovered when None.
         options: StrategyOptions; defaults when None.
         gpus: Physical GPUs, for `auto`; counted when None.
+        say: Called with the adapter's `startup_note()`, when it has one, before
+            a build that may wait for peers.
     """
     from tfdist import cluster as cluster_lib
     from tfdist import compat
@@ -548,6 +550,9 @@ def build(name: str, cluster=None, options: StrategyOptions | None = None,
 
         gpus = gpu_count()
     adapter = REGISTRY[resolve_name(name, cluster, options.devices, gpus)](cluster, options)
+    note = adapter.startup_note()
+    if note and say:
+        say(note)
     compat.apply_all()
     return adapter, adapter.build()
 
