@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tfdist import config, run_dir, run_types
-from tfdist.cluster import local
+from tfdist.cluster import detect, local
 from tfdist.cluster.base import ClusterInfo
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError
@@ -77,6 +77,41 @@ def test_default_model_dir_names_what_runs(strategy, devices, cluster, gpus, exp
     assert run_dir.default_model_dir("d", cfg, cluster, gpus) == f"runs/d/{expected}"
     # A rerun of the same command on the same machine finds the same dir (resume).
     assert run_dir.default_model_dir("d", dict(cfg), cluster, gpus) == f"runs/d/{expected}"
+
+
+def _tasks(spec, launcher="tfdist.launch"):
+    """Every task's environment of a TF_CONFIG cluster `spec`, as tfdist.launch sets it."""
+    import json as json_lib
+
+    for kind, addresses in spec.items():
+        for i in range(len(addresses)):
+            conf = json_lib.dumps({"cluster": spec, "task": {"type": kind, "index": i}})
+            yield {"TF_CONFIG": conf, **({"TFDIST_LAUNCHER": launcher} if launcher else {})}
+
+
+def _slurm_tasks(ntasks, **extra):
+    for r in range(ntasks):
+        yield dict(SLURM_JOB_ID="7", SLURM_PROCID=str(r), SLURM_NTASKS=str(ntasks),
+                   SLURM_LOCALID=str(r), SLURM_STEP_ID="0", SLURM_STEP_NODELIST="n1",
+                   SLURM_STEP_TASKS_PER_NODE=str(ntasks), **extra)
+
+
+@pytest.mark.parametrize("environs, strategy, expected", [
+    (list(_tasks({"worker": ["h:1", "h:2"]})), "multi_worker", "multi_worker-2w"),
+    (list(_tasks({"worker": ["h1:2222", "h2:2222"]}, launcher=None)), "auto",
+     "multi_worker-2w-tf_config"),
+    (list(_slurm_tasks(2)), "auto", "multi_worker-2w-slurm"),
+    (list(_tasks({"chief": ["h:10"], "worker": ["h:1", "h:2"], "ps": ["h:3"]})),
+     "parameter_server", "parameter_server-2w-1ps"),
+    (list(_slurm_tasks(3, TFDIST_NUM_PS="1")), "parameter_server",
+     "parameter_server-1w-1ps-slurm"),
+])
+def test_every_task_of_a_discovered_job_names_the_same_dir(environs, strategy, expected):
+    # The README's launch modes, discovered as each task would: chief, workers and ps
+    # tasks agree on the one dir the chief writes and the others read.
+    dirs = {run_dir.default_model_dir("d", _cfg(strategy=strategy), detect(env), True)
+            for env in environs}
+    assert dirs == {f"runs/d/{expected}"}
 
 
 def test_model_dir_for_is_the_option_when_given_else_the_default(monkeypatch):
