@@ -101,6 +101,9 @@ def _slurm_tasks(ntasks, **extra):
     (list(_tasks({"worker": ["h1:2222", "h2:2222"]}, launcher=None)), "auto",
      "multi_worker-2w-tf_config"),
     (list(_slurm_tasks(2)), "auto", "multi_worker-2w-slurm"),
+    # Survivors that tfdist.launch -n 3 --min-workers 2 relaunched: the same run.
+    ([{**env, "TFDIST_JOB_WORKERS": "3"} for env in _tasks({"worker": ["h:1", "h:2"]})],
+     "multi_worker", "multi_worker-3w"),
     (list(_tasks({"chief": ["h:10"], "worker": ["h:1", "h:2"], "ps": ["h:3"]})),
      "parameter_server", "parameter_server-2w-1ps"),
     (list(_slurm_tasks(3, TFDIST_NUM_PS="1")), "parameter_server",

@@ -95,7 +95,9 @@ def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool 
         name = cfg["strategy"]
     spec = (cluster.tf_config or {}).get("cluster", {})
     num_ps = len(spec.get("ps", []))
-    workers = len(spec.get("worker", [])) if num_ps else cluster.num_workers
+    # tfdist.launch's -n, not the survivors --min-workers relaunched: they go on with the run.
+    workers = len(spec.get("worker", [])) if num_ps else (cluster.job_workers
+                                                          or cluster.num_workers)
     if workers > 1 or num_ps:
         name += f"-{workers}w"
     if num_ps:
