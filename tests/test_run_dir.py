@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from tfdist import config
+from tfdist.cluster import detect, local
+from tfdist.cluster.base import ClusterInfo
 from tfdist.run import run_dir
+from tfdist.run import types as run_types
 from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
 from tfdist.errors import ConfigError
 
@@ -32,11 +35,107 @@ def _backup(model_dir, cfg, epoch, step_in_epoch=0):
     return BackupStore(ChiefWriter(str(model_dir), True)).save(state, [_Var([1.0])], [], meta)
 
 
-def test_default_model_dir_is_one_per_launch_shape():
-    assert run_dir.default_model_dir("digits_mlp", _cfg(), 1) == "runs/digits_mlp/auto"
-    assert run_dir.default_model_dir("d", _cfg(strategy="mirrored", devices=2), 1) == (
-        "runs/d/mirrored-2dev")
-    assert run_dir.default_model_dir("d", _cfg(strategy="shm"), 2) == "runs/d/shm-2w"
+def _cluster(source="local", workers=1, ps=0, launcher=None):
+    """A ClusterInfo as tfdist.launch, Slurm or a hand-written TF_CONFIG gives it."""
+    if source == "local":
+        return ClusterInfo(source="local", num_workers=1, worker_index=0)
+    spec = {"worker": [f"h:{i}" for i in range(workers)]}
+    if ps:
+        spec = {"chief": ["h:90"], **spec, "ps": [f"h:{100 + i}" for i in range(ps)]}
+    tf_config = {"cluster": spec, "task": {"type": "worker", "index": 0}}
+    return ClusterInfo(source=source, num_workers=workers + (1 if ps else 0), worker_index=0,
+                       tf_config=tf_config, launcher=launcher)
+
+
+LAUNCH = "tfdist.launch"
+
+
+@pytest.mark.parametrize("strategy, devices, cluster, gpus, expected", [
+    # The main job (`auto`) names what it runs: single where no GPU can exist ...
+    ("auto", 0, _cluster(), False, "single"),
+    ("single", 0, _cluster(), False, "single"),
+    # ... and stays `auto` where TensorFlow may count GPUs (single or mirrored).
+    ("auto", 0, _cluster(), True, "auto"),
+    ("auto", 2, _cluster(), True, "mirrored-2dev"),
+    ("mirrored", 2, _cluster(), False, "mirrored-2dev"),
+    # tfdist.launch -n 2, a hand-written TF_CONFIG and Slurm: three different jobs.
+    ("multi_worker", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "multi_worker-2w"),
+    ("auto", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "multi_worker-2w"),
+    ("auto", 0, _cluster("tf_config", 2), True, "multi_worker-2w-tf_config"),
+    ("auto", 0, _cluster("slurm", 2, launcher="srun"), True, "multi_worker-2w-slurm"),
+    ("shm", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "shm-2w"),
+    ("shm", 0, _cluster("slurm", 2, launcher="srun"), True, "shm-2w-slurm"),
+    ("pipeline", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "pipeline-2w"),
+    # Parameter server: its workers (the chief aside) and its ps tasks.
+    ("parameter_server", 0, _cluster("tf_config", 2, ps=1, launcher=LAUNCH), True,
+     "parameter_server-2w-1ps"),
+    ("auto", 0, _cluster("slurm", 1, ps=1, launcher="srun"), True,
+     "parameter_server-1w-1ps-slurm"),
+    ("horovod", 0, ClusterInfo(source="horovod", num_workers=4, worker_index=0,
+                               launcher="horovodrun"), True, "horovod-4w"),
+])
+def test_default_model_dir_names_what_runs(strategy, devices, cluster, gpus, expected):
+    cfg = _cfg(strategy=strategy, devices=devices)
+    assert run_dir.default_model_dir("d", cfg, cluster, gpus) == f"runs/d/{expected}"
+    # A rerun of the same command on the same machine finds the same dir (resume).
+    assert run_dir.default_model_dir("d", dict(cfg), cluster, gpus) == f"runs/d/{expected}"
+
+
+def _tasks(spec, launcher="tfdist.launch"):
+    """Every task's environment of a TF_CONFIG cluster `spec`, as tfdist.launch sets it."""
+    import json as json_lib
+
+    for kind, addresses in spec.items():
+        for i in range(len(addresses)):
+            conf = json_lib.dumps({"cluster": spec, "task": {"type": kind, "index": i}})
+            yield {"TF_CONFIG": conf, **({"TFDIST_LAUNCHER": launcher} if launcher else {})}
+
+
+def _slurm_tasks(ntasks, **extra):
+    for r in range(ntasks):
+        yield dict(SLURM_JOB_ID="7", SLURM_PROCID=str(r), SLURM_NTASKS=str(ntasks),
+                   SLURM_LOCALID=str(r), SLURM_STEP_ID="0", SLURM_STEP_NODELIST="n1",
+                   SLURM_STEP_TASKS_PER_NODE=str(ntasks), **extra)
+
+
+@pytest.mark.parametrize("environs, strategy, expected", [
+    (list(_tasks({"worker": ["h:1", "h:2"]})), "multi_worker", "multi_worker-2w"),
+    (list(_tasks({"worker": ["h1:2222", "h2:2222"]}, launcher=None)), "auto",
+     "multi_worker-2w-tf_config"),
+    (list(_slurm_tasks(2)), "auto", "multi_worker-2w-slurm"),
+    # Survivors that tfdist.launch -n 3 --min-workers 2 relaunched: the same run.
+    ([{**env, "TFDIST_JOB_WORKERS": "3"} for env in _tasks({"worker": ["h:1", "h:2"]})],
+     "multi_worker", "multi_worker-3w"),
+    (list(_tasks({"chief": ["h:10"], "worker": ["h:1", "h:2"], "ps": ["h:3"]})),
+     "parameter_server", "parameter_server-2w-1ps"),
+    (list(_slurm_tasks(3, TFDIST_NUM_PS="1")), "parameter_server",
+     "parameter_server-1w-1ps-slurm"),
+])
+def test_every_task_of_a_discovered_job_names_the_same_dir(environs, strategy, expected):
+    # The README's launch modes, discovered as each task would: chief, workers and ps
+    # tasks agree on the one dir the chief writes and the others read.
+    dirs = {run_dir.default_model_dir("d", _cfg(strategy=strategy), detect(env), True)
+            for env in environs}
+    assert dirs == {f"runs/d/{expected}"}
+
+
+def test_model_dir_for_is_the_option_when_given_else_the_default(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # no GPU: auto is single here
+    assert run_types.model_dir_for(_cfg(model_dir="mine"), "d") == "mine"
+    assert run_types.model_dir_for(_cfg(), "d") == "runs/d/single"
+
+
+@pytest.mark.parametrize("environ, dev, platform, possible", [
+    ({}, ["null", "nvidia0", "nvidiactl"], "linux", True),
+    ({}, ["kfd"], "linux", True),
+    ({}, ["null", "tty", "shm"], "linux", False),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, ["nvidia0"], "linux", False),
+    ({"CUDA_VISIBLE_DEVICES": ""}, ["nvidia0"], "linux", False),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, ["nvidia0"], "linux", True),
+    ({}, [], "darwin", True),  # Metal plugins: told only by TensorFlow
+])
+def test_gpus_possible(environ, dev, platform, possible):
+    assert local.gpus_possible(environ, dev, platform) is possible
 
 
 def test_run_config_leaves_out_run_control_and_differences_name_each_option():

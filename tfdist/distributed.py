@@ -158,9 +158,9 @@ def setup(strategy: str = "auto", **options) -> Distributed:
 
     Call it first, before any TensorFlow op: the strategy (and CPU logical
     devices, thread pools) can only be set up before TensorFlow's runtime starts.
-    Best before importing TensorFlow or Keras too: it imports them with the C++
-    start-up lines hidden, which an earlier import has already printed
-    (TF_CPP_MIN_LOG_LEVEL does not hide them; tfdist.compat.tf_startup_logs).
+    It imports TensorFlow and Keras with the C++ start-up lines hidden
+    (TF_CPP_MIN_LOG_LEVEL does not hide them; tfdist.compat.tf_startup_logs), as
+    does a script's own import of them after `import tfdist`.
 
     `strategy="pipeline"` started as several tasks (tfdist.launch -n P) puts
     one stage on each: on every task but the chief, `setup()` serves its stage

@@ -53,6 +53,7 @@ import threading
 import time
 
 from tfdist import exit_codes, remote
+from tfdist.cluster.tf_config import JOB_WORKERS_VAR
 from tfdist.errors import ClusterError, ConfigError
 
 HOST = "127.0.0.1"
@@ -359,6 +360,9 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
     """
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     min_workers = num_workers if min_workers is None else min_workers
+    # The workers asked for, on every launch: survivors name the same default model
+    # dir (tfdist.run.run_dir counts them), so they resume the run instead of starting one.
+    env = {**(os.environ if env is None else env), JOB_WORKERS_VAR: str(num_workers)}
     attempt, launches = 0, 0
     while True:
         status, (failed_index, failed_code, failed_host), signalled = _run_once(
@@ -650,13 +654,6 @@ def _dispatch(parser, args, command, hosts) -> int:
             given = f"--hosts {args.hosts}" if hosts is not None else f"-n {args.num_workers}"
             parser.error(f"--min-workers must be in [1, the number of workers]. Received: "
                          f"--min-workers {args.min_workers} with {given}.")
-        if args.min_workers < args.num_workers and not any(
-                a == "--model-dir" or a.startswith("--model-dir=") for a in command):
-            # tfdist.train's default dir is one per launch shape (runs/RECIPE/STRATEGY-Nw).
-            print("tfdist.launch: warning: --min-workers without --model-dir in COMMAND: "
-                  "tfdist.train's default model dir names the number of workers, so a job "
-                  "shrunk to fewer workers would start over in another directory. Pass "
-                  "--model-dir DIR.", file=sys.stderr, flush=True)
     return run(args.num_workers, command, args.timeout, max_restarts=args.max_restarts,
                log_dir=args.log_dir, hosts=hosts, min_workers=args.min_workers,
                cpu_bind=args.cpu_bind)

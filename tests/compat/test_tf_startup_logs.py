@@ -7,9 +7,13 @@ glog-formatted lines on a CPU-only machine. Through
 output written to stderr in the same window (a Python warning) is kept.
 """
 
+import importlib
+import sys
+
 import pytest
 
 from tests.conftest import clean_env, run_py, tail
+from tfdist.compat import tf_startup_logs
 from tfdist.compat.tf_startup_logs import is_startup_noise
 
 NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
@@ -32,6 +36,45 @@ def test_is_startup_noise(line, noise):
     assert is_startup_noise(line) is noise
 
 
+GLOG = "I0000 00:00:1795340758.630534   14386 cudart_stub.cc:31] Could not find cuda drivers\n"
+
+
+def _fake_tensorflow(tmp_path, monkeypatch, name):
+    """A module whose import writes a start-up line and a traceback line to fd 2."""
+    (tmp_path / f"{name}.py").write_text(
+        "import os\n"
+        f"os.write(2, {(NOTICE + chr(10) + GLOG).encode()!r})\n"
+        "os.write(2, b'Traceback (most recent call last): kept\\n')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_a_scripts_own_import_after_import_tfdist_is_filtered(tmp_path, monkeypatch, capfd):
+    # What a script importing TensorFlow before tfdist.setup() shows on stderr.
+    _fake_tensorflow(tmp_path, monkeypatch, "fake_tf_plain")
+    importlib.import_module("fake_tf_plain")
+    assert "cudart_stub.cc" in capfd.readouterr().err  # upstream: the line shows
+
+    _fake_tensorflow(tmp_path, monkeypatch, "fake_tf_filtered")
+    tf_startup_logs.install_import_filter(names=("fake_tf_filtered",))
+    try:
+        module = importlib.import_module("fake_tf_filtered")
+    finally:
+        tf_startup_logs.uninstall_import_filter()
+    err = capfd.readouterr().err
+    assert "cudart_stub.cc" not in err and "absl::InitializeLog" not in err, err
+    assert "Traceback (most recent call last): kept" in err
+    # The module keeps its own loader; the finder steps aside after one import.
+    assert type(module.__loader__).__name__ == "SourceFileLoader"
+    assert not [f for f in sys.meta_path if isinstance(f, tf_startup_logs._ImportFilter)]
+
+
+def test_import_filter_is_not_installed_once_tensorflow_is_imported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fake_tf_loaded", object())
+    tf_startup_logs.install_import_filter(names=("fake_tf_loaded",))
+    assert not [f for f in sys.meta_path if isinstance(f, tf_startup_logs._ImportFilter)]
+
+
 UPSTREAM = "import tensorflow as tf; tf.config.list_physical_devices()"
 FIXED = ("import sys, warnings\n"
          "from tfdist.compat.tf_startup_logs import filtered_stderr, import_tensorflow\n"
@@ -39,6 +82,9 @@ FIXED = ("import sys, warnings\n"
          "    warnings.warn('kept: a Python warning during start-up')\n"
          "tf = import_tensorflow()\n"
          "print('devices', len(tf.config.list_physical_devices()))\n")
+# A script that imports TensorFlow itself, before tfdist.setup().
+OWN_SCRIPT = ("import tfdist\nimport tensorflow as tf\ndist = tfdist.setup()\n"
+              "dist.print('replicas', dist.num_replicas)\n")
 
 
 @pytest.mark.integration
@@ -52,6 +98,10 @@ def test_upstream_prints_startup_lines_at_level_3_and_import_tensorflow_hides_th
     assert "devices" in fixed.stdout
     assert "kept: a Python warning during start-up" in fixed.stderr
     assert not any(is_startup_noise(ln) for ln in fixed.stderr.splitlines()), fixed.stderr
+
+    own = run_py(["-c", OWN_SCRIPT], timeout=180, env=clean_env(TF_CPP_MIN_LOG_LEVEL="2"))
+    assert own.returncode == 0 and "replicas 1" in own.stdout, tail(own)
+    assert not any(is_startup_noise(ln) for ln in own.stderr.splitlines()), own.stderr
 
 
 def _cpu_lacks_float16_instructions() -> bool:

@@ -67,6 +67,9 @@ def test_readme_launch_table_in_order_then_reruns(tmp_path):
         metrics = json.load(open(os.path.join(cwd, dirs[-1], "metrics.json")))
         assert metrics["global_step"] > 0 and metrics["examples_per_s"] > 0
     assert len(set(dirs)) == len(dirs), dirs  # no two launch modes share a model dir
+    # Each named as the README's "Run dirs" paragraph says (`single`, `multi_worker-2w`, ...).
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert [d for d in dirs if f"`{os.path.basename(d)}`" not in readme] == [], dirs
 
     before = _snapshot(cwd)
     for command, model_dir in zip(commands, dirs):

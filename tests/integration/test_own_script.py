@@ -1,8 +1,8 @@
-"""tfdist in your own script: the README's examples, run exactly as printed.
+"""tfdist in your own script: the documented examples, run exactly as printed.
 
 The README's `# my_fit.py` (TensorFlow's multi-worker Keras tutorial shape)
-and `# my_loop.py` (a custom training loop) blocks are extracted from
-README.md, saved as files and run as one process and as 2 real workers
+and docs/own_script.md's `# my_loop.py` (a custom training loop) blocks are
+extracted from those pages, saved as files and run as one process and as 2 real workers
 under `tfdist.launch`; both end with the same weights (a fixed global batch
 of 64). recipes/TEMPLATE.py, copied as a user would, trains on 2 workers
 with its optimizer, callback and train-step hooks.
@@ -25,12 +25,18 @@ from tfdist.compat.tf_startup_logs import is_startup_noise
 pytestmark = pytest.mark.integration
 
 
+# The pages that print a script; each block's first line names its file.
+PAGES = ("README.md", os.path.join("docs", "own_script.md"))
+
+
 def readme_block(first_line: str) -> str:
-    """The README's ```python block whose first line is `first_line`."""
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
-              if b.startswith(first_line + "\n") or b.startswith(first_line + ":")]
-    assert len(blocks) == 1, f"README must hold one block starting {first_line!r}"
+    """The one ```python block of README.md or docs/own_script.md whose first line is `first_line`."""
+    blocks = []
+    for page in PAGES:
+        text = open(os.path.join(REPO, page), encoding="utf-8").read()
+        blocks += [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+                   if b.startswith(first_line + "\n") or b.startswith(first_line + ":")]
+    assert len(blocks) == 1, f"{PAGES} must hold one block starting {first_line!r}"
     return blocks[0]
 
 

@@ -59,6 +59,9 @@ class ClusterInfo:
         hostname: Host this process runs on, when the source knows it.
         launcher: The program that started the job's processes, when the
             environment says ("tfdist.launch", "horovodrun", "mpirun", "srun").
+        job_workers: The workers the job was started with, when the launcher
+            says (`tfdist.launch -n N`: N, also for survivors relaunched by
+            --min-workers, which go on with the same run).
     """
 
     source: str
@@ -70,6 +73,7 @@ class ClusterInfo:
     local_rank: int = 0
     hostname: str | None = None
     launcher: str | None = None
+    job_workers: int | None = None
 
     @property
     def num_tasks(self) -> int:

@@ -34,7 +34,7 @@ import json
 import re
 from typing import Any
 
-from tfdist.cluster.base import ClusterEnvironment, ClusterInfo
+from tfdist.cluster.base import ClusterEnvironment, ClusterInfo, env_count
 from tfdist.errors import ClusterError
 
 ENV_VAR = "TF_CONFIG"
@@ -173,6 +173,8 @@ def parse_tf_config(text: str) -> dict[str, Any]:
 
 # Set by `tfdist.launch` in each task's environment, beside TF_CONFIG.
 LAUNCHER_VAR = "TFDIST_LAUNCHER"
+# Also set by `tfdist.launch`: its -n, which survivors relaunched by --min-workers keep.
+JOB_WORKERS_VAR = "TFDIST_JOB_WORKERS"
 
 
 def info_from_tf_config(config: dict[str, Any], source: str = "tf_config") -> ClusterInfo:
@@ -208,4 +210,8 @@ class TFConfigEnvironment(ClusterEnvironment):
         info = info_from_tf_config(parse_tf_config(environ[ENV_VAR]))
         # tfdist.launch marks the TF_CONFIGs it writes, so messages can name it.
         launcher = environ.get(LAUNCHER_VAR) or None
-        return dataclasses.replace(info, launcher=launcher) if launcher else info
+        if not launcher:
+            return info
+        job_workers = (env_count(environ, JOB_WORKERS_VAR, "set by tfdist.launch: its -n.")
+                       if JOB_WORKERS_VAR in environ else None)
+        return dataclasses.replace(info, launcher=launcher, job_workers=job_workers)

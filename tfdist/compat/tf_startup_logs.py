@@ -18,11 +18,16 @@ the filtered one.
 
 `hide_float16_notice` does the same for one line printed after start-up:
 oneDNN's float16 notice (see its docstring).
+
+`install_import_filter` (run by `import tfdist`) does the same for a script's
+own `import tensorflow` or `import keras` written before `tfdist.setup()`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import os
 import re
 import sys
@@ -76,6 +81,7 @@ def import_tensorflow(show_logs: bool = False):
     Returns:
         The `tensorflow` module.
     """
+    uninstall_import_filter()  # this import filters (or shows) on its own
     if "tensorflow" in sys.modules and show_logs:
         return sys.modules["tensorflow"]
     with filtered_stderr(not show_logs):
@@ -107,3 +113,62 @@ def hide_float16_notice(tf, enabled: bool = True) -> None:
     with filtered_stderr():
         x = tf.ones((1, 1), tf.float16)
         tf.matmul(x, x)
+
+
+# Top-level modules whose import starts TensorFlow's C++ runtime.
+TF_MODULES = ("tensorflow", "keras")
+
+
+class _FilteredLoader(importlib.abc.Loader):
+    """A module's own loader, run with fd 2 filtered (`filtered_stderr`)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        try:
+            with filtered_stderr():
+                self._loader.exec_module(module)
+        finally:  # the module keeps its own loader, as if imported plainly
+            module.__loader__ = module.__spec__.loader = self._loader
+
+
+class _ImportFilter(importlib.abc.MetaPathFinder):
+    """Filters the first import of one of `names`, then steps aside."""
+
+    def __init__(self, names):
+        self.names = tuple(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        uninstall_import_filter()  # once: every later import finds the module loaded
+        spec = importlib.util.find_spec(name)  # the other finders' answer
+        if spec is not None and spec.loader is not None:
+            spec.loader = _FilteredLoader(spec.loader)
+        return spec
+
+
+def install_import_filter(names=TF_MODULES) -> None:
+    """Hides TensorFlow's start-up lines in a script that imports it before `tfdist.setup()`.
+
+    The README puts `import tensorflow` after `tfdist.setup()`, which imports
+    it quietly; a script written the other way (`import tfdist`, `import
+    tensorflow as tf`, then `setup()`) printed six start-up lines that setup()
+    came too late to hide. After this, the first import of one of `names`
+    runs as `import_tensorflow` would: fd 2 filtered. Nothing is installed
+    when one of them is already imported. `import_tensorflow` removes it (it
+    filters, or with --tf-logs shows, on its own).
+    """
+    if any(n in sys.modules for n in names) or any(
+            isinstance(f, _ImportFilter) and f.names == tuple(names) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _ImportFilter(names))
+
+
+def uninstall_import_filter() -> None:
+    """Removes `install_import_filter`'s finder, if there."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _ImportFilter)]

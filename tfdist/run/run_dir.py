@@ -14,8 +14,9 @@ TensorFlow starts, a rerun compares it with the newest backup's record:
   learning rate rescaled from the backup's (`resume_learning_rate`), the
   data position mapped in examples (`tfdist.checkpoint.rebatch`).
 
-The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Ndev]`, one per launch
-shape, so the README's launch modes never meet in one directory; what is
+The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Mps][-Ddev][-slurm|-tf_config]`,
+named from what runs (`default_model_dir`), so the README's launch modes never
+meet in one directory; what is
 left to collide there (learning rate, batch, precision, ...) is refused by name.
 A run moved to another launch shape (fewer workers, another data-parallel
 strategy) names its old directory with --model-dir and resumes there.
@@ -61,13 +62,52 @@ def run_config(cfg: dict) -> dict:
     return {k: v for k, v in sorted(cfg.items()) if k not in control}
 
 
-def default_model_dir(recipe_name: str, cfg: dict, num_workers: int) -> str:
-    """Pure function: runs/RECIPE/STRATEGY[-Nw][-Ndev], one directory per launch shape."""
-    name = cfg["strategy"]
-    if num_workers > 1:
-        name += f"-{num_workers}w"
-    if cfg.get("devices"):
-        name += f"-{cfg['devices']}dev"
+def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool = True) -> str:
+    """Pure function: runs/RECIPE/NAME, NAME saying what runs, so that launch modes never share one.
+
+    NAME is STRATEGY[-Nw][-Mps][-Ddev][-slurm|-tf_config]: the strategy
+    resolved, the training processes when several (under ps tasks: the
+    workers besides the chief) and the ps tasks, --devices, and who started
+    the tasks when not `tfdist.launch` (Slurm, or a TF_CONFIG written by
+    hand): three different jobs a user moves between on purpose
+    (`--model-dir`), not a rerun. A requeued Slurm job keeps its task count,
+    so its dir; the same command on the same machine gets the same name.
+
+    Args:
+        recipe_name: The recipe.
+        cfg: The merged configuration (`strategy`, `devices`).
+        cluster: This process's ClusterInfo.
+        gpus_possible: Whether TensorFlow may find a GPU here
+            (`tfdist.cluster.local.gpus_possible`).
+    """
+    # `auto` under a cluster or with --devices is one adapter already. Alone on
+    # this machine it is single or mirrored by the GPUs TensorFlow will count,
+    # but the dir is named before TensorFlow starts (a finished run exits
+    # without it): where a GPU is possible it stays "auto" (a rerun still
+    # finds it), where none can be it is what will run.
+    devices = cfg.get("devices") or None
+    names = strategies.possible_names(cfg["strategy"], cluster, devices)
+    if len(names) == 1:
+        (name,) = names
+    elif not gpus_possible:
+        name = strategies.resolve_name(cfg["strategy"], cluster, devices, gpus=0)
+    else:
+        name = cfg["strategy"]
+    spec = (cluster.tf_config or {}).get("cluster", {})
+    num_ps = len(spec.get("ps", []))
+    # tfdist.launch's -n, not the survivors --min-workers relaunched: they go on with the run.
+    workers = len(spec.get("worker", [])) if num_ps else (cluster.job_workers
+                                                          or cluster.num_workers)
+    if workers > 1 or num_ps:
+        name += f"-{workers}w"
+    if num_ps:
+        name += f"-{num_ps}ps"
+    if devices:
+        name += f"-{devices}dev"
+    if cluster.source == "slurm":
+        name += "-slurm"
+    elif cluster.source == "tf_config" and cluster.launcher is None:
+        name += "-tf_config"
     return os.path.join("runs", recipe_name, name)
 
 

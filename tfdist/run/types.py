@@ -10,10 +10,13 @@ their old names. No TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 from tfdist import model_dir as model_dir_lib
-from tfdist.run import run_dir
+from tfdist.cluster import local
 from tfdist.cluster.base import ClusterInfo
+from tfdist.run import run_dir
 
 
 class Preempted(Exception):
@@ -43,10 +46,15 @@ class Result:
 
 
 def model_dir_for(cfg: dict, recipe_name: str, cluster=None) -> str:
-    """The model dir: `cfg["model_dir"]`, or runs/RECIPE/STRATEGY[-Nw][-Ndev] by default
-    (one per launch shape; see `tfdist.run.run_dir`)."""
-    return cfg["model_dir"] or run_dir.default_model_dir(
-        recipe_name, cfg, cluster.num_workers if cluster is not None else 1)
+    """The model dir: `cfg["model_dir"]`, or by default one named from what runs
+    (`tfdist.run.run_dir.default_model_dir`; `cluster` None: this machine alone)."""
+    if cfg["model_dir"]:
+        return cfg["model_dir"]
+    if cluster is None:
+        cluster = ClusterInfo(source="local", num_workers=1, worker_index=0)
+    dev = os.listdir("/dev") if os.path.isdir("/dev") else []
+    return run_dir.default_model_dir(
+        recipe_name, cfg, cluster, local.gpus_possible(os.environ, dev, sys.platform))
 
 
 def check_free_space(model_dir: str, cluster, model, optimizer) -> None:
