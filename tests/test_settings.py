@@ -112,3 +112,37 @@ def test_setup_options_are_the_command_lines_checked_the_same_way():
         config.check_strategy(cfg, "single", {"single"})
     config.check_strategy(config.for_script("single", {"microbatches": 1}), "single",
                           {"single"})
+
+
+def _reads_by_key(path: str) -> list[int]:
+    """Lines of `path` that read a configuration dict by key: cfg[...] or cfg.get(...)."""
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    lines = []
+    for node in ast.walk(tree):
+        target = (node.value if isinstance(node, ast.Subscript) else
+                  node.func.value if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Attribute) and node.func.attr == "get" else None)
+        if isinstance(target, ast.Name) and target.id == "cfg":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_configuration_read_by_key_outside_the_option_and_settings_modules():
+    """Everything in tfdist reads `Settings`; only the modules that build it read the dict
+    (recipes, which are given `cfg`, are the user's code and may)."""
+    import os
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfdist")
+    allowed = {os.path.join(root, m) for m in ("config.py", "settings.py", "option.py")}
+    found = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and path not in allowed and _reads_by_key(path):
+                found[os.path.relpath(path, root)] = _reads_by_key(path)
+    assert found == {}
+    # The check sees such reads at all.
+    assert _reads_by_key(os.path.join(root, "settings.py"))

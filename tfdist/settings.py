@@ -5,7 +5,7 @@ keep reading it that way); `Settings.of(cfg)` reads it once into frozen
 dataclasses the run pipeline reads by attribute. Each framework option
 belongs to exactly one section (tests/test_settings.py), the options that
 strategy adapters accept go to `tfdist.strategies.StrategyOptions` (built by
-`strategies.options_from`, the adapters' own section), a recipe's own
+`_adapter_options`, the adapters' own section), a recipe's own
 options stay in `recipe`, and registered instruments' (`tfdist.instruments`)
 in `instruments`. Pure Python, no TensorFlow.
 """
@@ -118,7 +118,7 @@ class Settings:
             strategy=cfg["strategy"],
             **{name: section(**{f.name: cfg[f.name] for f in dataclasses.fields(section)})
                for name, section in _SECTIONS.items()},
-            adapter=strategies.options_from(cfg),
+            adapter=_adapter_options(cfg),
             recipe={k: v for k, v in cfg.items() if k not in known},
             instruments=instruments.section({k: v for k, v in cfg.items() if k in extra}))
 
@@ -140,6 +140,13 @@ class Settings:
         if hasattr(self.instruments, key):
             return getattr(self.instruments, key)
         return self.recipe[key]
+
+
+def _adapter_options(cfg: Mapping[str, Any]) -> strategies.StrategyOptions:
+    """Pure function: the adapters' section of a merged configuration (devices 0: None)."""
+    values = {field: cfg[key] for key, field in strategies.OPTION_FIELDS.items()}
+    values["devices"] = values["devices"] or None
+    return strategies.StrategyOptions(**values)
 
 
 def section_keys() -> list[str]:

@@ -109,8 +109,15 @@ def build(spec: dict, engine: str, eng: Engine):
 
     from tfdist import recipe as recipe_lib
 
+    from tfdist import config
+    from tfdist.settings import Settings
+
     recipe = recipe_lib.load(spec["recipe"])
-    cfg = {**recipe.DEFAULTS, **spec.get("overrides", {})}
+    # The options tfdist would train with (its defaults under the recipe's), so the
+    # baseline's optimizer is the same one without a second declaration of defaults.
+    cfg = {**config.merge(recipe.DEFAULTS, [], f"recipe {spec['recipe']}"),
+           **spec.get("overrides", {})}
+    optim_ = Settings.of(cfg).optimization
     keras.utils.set_random_seed(0)
     ds = recipe.build_dataset(cfg, "train")
     if eng.size > 1:  # one replica per process: each reads its slice of every global batch
@@ -122,8 +129,8 @@ def build(spec: dict, engine: str, eng: Engine):
     ds = ds.with_options(options)
     with eng.strategy.scope():
         model = recipe.build_model(cfg)
-        optimizer = eng.wrap(keras.optimizers.SGD(cfg.get("learning_rate", 0.05),
-                                                  momentum=cfg.get("momentum", 0.0)))
+        optimizer = eng.wrap(keras.optimizers.SGD(optim_.learning_rate,
+                                                  momentum=optim_.momentum))
         # shm's all-reduce is a numpy_function, which XLA cannot compile.
         model.compile(optimizer=optimizer, **recipe.compile_kwargs(cfg),
                       **({"jit_compile": False} if engine == "shm" else {}))

@@ -30,6 +30,7 @@ import os
 from tfdist import instruments, strategies
 from tfdist.data import scale_learning_rate
 from tfdist.errors import CheckpointError, ConfigError
+from tfdist.settings import Settings
 
 # Options that change how a run is executed, watched or saved, not what it
 # computes: a rerun may change them freely. Everything else is configuration.
@@ -75,7 +76,7 @@ def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool 
 
     Args:
         recipe_name: The recipe.
-        cfg: The merged configuration (`strategy`, `devices`).
+        cfg: The merged configuration (read as `Settings`: strategy, devices).
         cluster: This process's ClusterInfo.
         gpus_possible: Whether TensorFlow may find a GPU here
             (`tfdist.cluster.local.gpus_possible`).
@@ -85,14 +86,15 @@ def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool 
     # but the dir is named before TensorFlow starts (a finished run exits
     # without it): where a GPU is possible it stays "auto" (a rerun still
     # finds it), where none can be it is what will run.
-    devices = cfg.get("devices") or None
-    names = strategies.possible_names(cfg["strategy"], cluster, devices)
+    settings = Settings.of(cfg)
+    asked, devices = settings.strategy, settings.adapter.devices
+    names = strategies.possible_names(asked, cluster, devices)
     if len(names) == 1:
         (name,) = names
     elif not gpus_possible:
-        name = strategies.resolve_name(cfg["strategy"], cluster, devices, gpus=0)
+        name = strategies.resolve_name(asked, cluster, devices, gpus=0)
     else:
-        name = cfg["strategy"]
+        name = asked
     spec = (cluster.tf_config or {}).get("cluster", {})
     num_ps = len(spec.get("ps", []))
     # tfdist.launch's -n, not the survivors --min-workers relaunched: they go on with the run.
@@ -217,13 +219,15 @@ def resume_learning_rate(found: Found, cfg: dict, computed: float) -> tuple[floa
     """
     if found.learning_rate is None or found.global_batch_size is None:
         return computed, None
-    old, new = found.global_batch_size, cfg["global_batch_size"]
+    settings = Settings.of(cfg)
+    old, new = found.global_batch_size, settings.training.global_batch_size
+    rule = settings.optimization.lr_scaling
     if old == new:
         return found.learning_rate, None
-    lr = scale_learning_rate(found.learning_rate, new, old, cfg["lr_scaling"])
+    lr = scale_learning_rate(found.learning_rate, new, old, rule)
     return lr, (f"--rescale-lr-on-batch-change: resuming a backup written at global batch "
                 f"{old} at global batch {new}; learning rate {found.learning_rate:g} -> {lr:g} "
-                f"(--lr-scaling {cfg['lr_scaling']}, relative to the backup's batch and "
+                f"(--lr-scaling {rule}, relative to the backup's batch and "
                 "learning rate). The math now differs from an uninterrupted run at either "
                 "batch.")
 
@@ -240,7 +244,8 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
     """
     from tfdist.checkpoint import BackupStore, ChiefWriter
 
-    if not cfg["resume"]:
+    settings = Settings.of(cfg)  # `cfg` itself is what a backup records (`run_config`)
+    if not settings.backup.resume:
         return Found()
     store = BackupStore(ChiefWriter(model_dir, is_chief=False))  # reads only
     paths = store.paths()
@@ -253,7 +258,7 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
     if recipe_name and record.get("recipe") not in (None, recipe_name):
         return Found(backup=paths[-1])  # another recipe: the trainer's resume names it
     diff = differences(record.get("config", {}), run_config(cfg),
-                       bool(cfg.get("rescale_lr_on_batch_change")))
+                       settings.backup.rescale_lr_on_batch_change)
     if diff:
         raise ConfigError(
             f"{model_dir} holds a run with another configuration ({paths[-1]}): "
@@ -264,7 +269,7 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
                if any(d.startswith("--global-batch-size ") for d in diff) else ""))
     state = record.get("state", {})
     done = int(state.get("epoch", 0))
-    finished = state.get("step_in_epoch", 0) == 0 and done >= cfg["epochs"]
+    finished = state.get("step_in_epoch", 0) == 0 and done >= settings.training.epochs
     return Found(backup=paths[-1], epochs_done=done, finished=finished,
                  epochs_asked=record.get("epochs"),
                  step_in_epoch=int(state.get("step_in_epoch", 0)),

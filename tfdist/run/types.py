@@ -48,8 +48,11 @@ class Result:
 def model_dir_for(cfg: dict, recipe_name: str, cluster=None) -> str:
     """The model dir: `cfg["model_dir"]`, or by default one named from what runs
     (`tfdist.run.run_dir.default_model_dir`; `cluster` None: this machine alone)."""
-    if cfg["model_dir"]:
-        return cfg["model_dir"]
+    from tfdist.settings import Settings
+
+    given = Settings.of(cfg).backup.model_dir
+    if given:
+        return given
     if cluster is None:
         cluster = ClusterInfo(source="local", num_workers=1, worker_index=0)
     dev = os.listdir("/dev") if os.path.isdir("/dev") else []

@@ -81,13 +81,6 @@ def adapter_default(key: str):
     return 0 if key == "devices" else field.default
 
 
-def options_from(cfg) -> StrategyOptions:
-    """Pure function: the StrategyOptions of a merged configuration (devices 0: None)."""
-    values = {field: cfg[key] for key, field in OPTION_FIELDS.items()}
-    values["devices"] = values["devices"] or None
-    return StrategyOptions(**values)
-
-
 class Hooks:
     """What an adapter may change in the trainer; these defaults change nothing.
 
@@ -559,7 +552,7 @@ def build(name: str, cluster=None, options: StrategyOptions | None = None,
 
 __all__ = ["ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks", "ProcessReplicaHooks",
            "StrategyOptions", "accepting", "adapter_class", "build", "build_hooks",
-           "build_strategy", "OPTION_FIELDS", "options_from", "check_available", "check_name", "choose",
+           "build_strategy", "OPTION_FIELDS", "check_available", "check_name", "choose",
            "has_ps_tasks", "together_names",
            "possible_names", "refusal", "refused_by", "register", "resolve_name", "valid_names"]
 
