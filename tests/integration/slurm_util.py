@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import zipfile
 
 import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.weights import keras_file_weights as keras_weights
 
 # digits_mlp, 2 epochs of plain SGD at global batch 64, deterministic ops.
 ARGS = ["--epochs", "2", "--seed", "0", "--deterministic", "--global-batch-size", "64",
@@ -51,18 +51,6 @@ def wait_all(jobs, env=None, timeout=300):
             subprocess.run(["scancel", *jobs], env=env)
             pytest.fail(f"jobs {jobs} still {states} after {timeout} s")
         time.sleep(0.5)
-
-
-def keras_weights(model_keras):
-    """Every weight array in a .keras file, in file order (h5py; no TensorFlow here)."""
-    import h5py
-
-    with zipfile.ZipFile(model_keras) as z, z.open("model.weights.h5") as f, \
-            h5py.File(f, "r") as h5:
-        arrays = []
-        h5.visititems(lambda name, obj: arrays.append(obj[()]) if isinstance(
-            obj, h5py.Dataset) else None)
-    return arrays
 
 
 def assert_same_weights(model_dir, baseline):

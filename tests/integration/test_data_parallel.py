@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import WORKERS, clean_env, override, run_py, tail
+from tests.weights import dump_weights as _weights
 
 pytestmark = pytest.mark.integration
 
@@ -89,10 +90,6 @@ def runs(tmp_path_factory, shared_run):
                                                      "--global-batch-size", "32",
                                                      "--accumulate", "2"]),
     }
-
-
-def _weights(d):
-    return [d[k] for k in sorted((k for k in d if k.startswith("w")), key=lambda k: int(k[1:]))]
 
 
 def _assert_same_weights(a, b):

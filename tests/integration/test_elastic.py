@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import WORKERS, run_py, tail
 from tests.integration.slurm_util import keras_weights
 from tests.integration.test_horovod import VENV, _env, horovodrun
+from tests.weights import dump_dir_weights as _weights
 from tfdist import exit_codes
 
 pytestmark = pytest.mark.integration
@@ -32,16 +33,6 @@ COMMON = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size",
           "--save-every-steps", "4"]
 # Worker 1 dies after its 22nd step: epoch 1, step 8 of 14; the newest backup is step 20.
 KILL = ["--kill-worker", "1", "--kill-at-step", "22"]
-
-
-def _weights(dump_dir, prefix="w"):
-    out = []
-    for f in sorted(os.listdir(dump_dir)):
-        d = np.load(os.path.join(dump_dir, f))
-        keys = sorted((k for k in d.files if k.startswith(prefix) and k[1:].isdigit()),
-                      key=lambda k: int(k[1:]))
-        out.append([d[k] for k in keys])
-    return out
 
 
 def _assert_equal(baseline, dump_dir, workers):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, WORKERS, clean_env, run_py, tail, wait_for_checkpoint
+from tests.weights import dump_dir_weights as _weights
 from tfdist import exit_codes
 from tfdist.launch import free_ports, worker_tf_configs
 
@@ -30,14 +31,6 @@ ARGS = ["digits_mlp", "--epochs", "4", "--seed", "0",
         "--deterministic", "--global-batch-size", "64", "--learning-rate", "0.1",
         "--verbose", "0", "--threads", "1", "--save-every-steps", "4"]
 CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.keras"]
-
-
-def _weights(dump_dir):
-    out = []
-    for f in sorted(os.listdir(dump_dir)):
-        d = np.load(os.path.join(dump_dir, f))
-        out.append([d[f"w{i}"] for i in range(4)])
-    return out
 
 
 def _assert_equal_to(baseline, dump_dir):

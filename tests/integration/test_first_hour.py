@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from tests.conftest import run_py, tail, wait_for_checkpoint
+from tests.weights import keras_model_weights as _weights
 from tfdist.compat.tf_startup_logs import is_startup_noise
 
 pytestmark = pytest.mark.integration
@@ -54,12 +55,6 @@ def test_two_worker_run_through_a_pipe_is_quiet(shared_run):
     assert sorted(os.listdir(log_dir)) == ["worker-0.log", "worker-1.log"]
     chief_log = (log_dir / "worker-0.log").read_text()
     assert chief_log.count("22/22 - ") == EPOCHS and "tfdist: test " in chief_log
-
-
-def _weights(path):
-    import keras
-
-    return keras.saving.load_model(path, compile=False).get_weights()
 
 
 def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(tmp_path,

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, WORKERS, clean_env, override, tail
+from tests.weights import dump_weights as _weights
 
 pytestmark = pytest.mark.integration
 
@@ -114,11 +115,6 @@ def runs(venv, tmp_path_factory, shared_run):
 
 # The one replica each run must equal.
 REFERENCE = {("gloo", 4): "single_clip"}
-
-
-def _weights(d, prefix="w"):
-    keys = [k for k in d if k.startswith(prefix) and k[len(prefix):].isdigit()]
-    return [d[k] for k in sorted(keys, key=lambda k: int(k[len(prefix):]))]
 
 
 def _same(a, b, prefix="w"):

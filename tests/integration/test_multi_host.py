@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import (REPO, WORKERS, clean_env, namespaced_hosts, run_py, tail,
                             wait_for_checkpoint)
+from tests.weights import dump_weights as _weights
 from tfdist import exit_codes
 
 pytestmark = pytest.mark.integration
@@ -55,10 +56,6 @@ def baseline(tmp_path_factory):
                    "--model-dir", str(tmp / "model")])
     assert proc.returncode == 0, tail(proc)
     return dict(np.load(tmp / "dump" / "worker0.npz"))
-
-
-def _weights(d):
-    return [d[k] for k in sorted((k for k in d if k.startswith("w")), key=lambda k: int(k[1:]))]
 
 
 def _assert_equal(baseline, dump_dir, hostnames):

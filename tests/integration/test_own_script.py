@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env, run_py, tail
+from tests.weights import keras_model_weights as _weights
 from tfdist.compat.tf_startup_logs import is_startup_noise
 
 pytestmark = pytest.mark.integration
@@ -50,12 +51,6 @@ def assert_no_startup_lines(proc) -> None:
              for ln in (proc.stdout + proc.stderr).splitlines()]
     noise = [ln for ln in lines if is_startup_noise(ln)]
     assert not noise, "TensorFlow's start-up lines were printed:\n" + "\n".join(noise)
-
-
-def _weights(path):
-    import keras
-
-    return keras.saving.load_model(path, compile=False).get_weights()
 
 
 @pytest.mark.parametrize("name, printed", [
