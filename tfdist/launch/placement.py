@@ -16,6 +16,7 @@ import sys
 from tfdist import remote
 from tfdist.launch.plan import describe_exit, free_ports
 
+
 class _Remote:
     """Where remote tasks go: hosts with slots, their addresses, how to ssh there."""
 

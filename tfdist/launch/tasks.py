@@ -25,6 +25,7 @@ from tfdist.launch.plan import log_file_name
 if TYPE_CHECKING:
     from tfdist.launch.placement import _Remote
 
+
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
 # The same after a worker failed: the others cannot save (a save needs every
 # worker to agree on a step), so SIGTERM only gives them time to exit on their
