@@ -71,6 +71,7 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
     Raises:
         ClusterError: when a parameter server is lost.
     """
+    import keras
     import tensorflow as tf
 
     from tfdist import instruments
@@ -111,8 +112,10 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
         # Create every variable (weights, optimizer slots, loss state) here, eagerly:
         # scheduled functions run on workers and may not create variables.
-        x0, y0 = next(iter(train_unbatched.batch(2)))
-        model.compute_loss(x=x0, y=y0, y_pred=model(x0, training=False), training=False)
+        x0, y0, w0 = keras.utils.unpack_x_y_sample_weight(
+            next(iter(train_unbatched.batch(2))))
+        model.compute_loss(x=x0, y=y0, y_pred=model(x0, training=False), sample_weight=w0,
+                           training=False)
         optimizer.build(model.trainable_variables)
 
     shuffle_buffer, seed, num_workers = training.shuffle_buffer, training.seed, len(workers)
@@ -154,10 +157,14 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
         index = tf.distribute.coordinator.experimental_get_current_worker_index()
         deps = [op for i in extra for op in i.step_deps(opts, index)]
 
-        def replica_fn(x, y):
+        def replica_fn(batch):
+            # (x, y) or (x, y, sample_weight), as Keras fit takes them (a recipe may
+            # weight its examples, e.g. numbers_to_words masks its padding).
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                          training=True)
                 # Scaled under mixed_float16 (a LossScaleOptimizer), which apply() unscales.
                 scaled = model.optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, model.trainable_variables)
@@ -165,8 +172,8 @@ def train(recipe, cfg: dict, cluster, writer=None, settings=None):
             return loss
 
         with tf.control_dependencies(deps):  # a straggler sleeps first, as a slow machine
-            x, y = next(iterator)
-        loss = strategy.run(replica_fn, args=(x, y))
+            batch = next(iterator)
+        loss = strategy.run(replica_fn, args=(batch,))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
 
     # Keras's TensorBoard callback, driven by this loop as fit drives it (chief only).
