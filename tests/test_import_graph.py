@@ -11,6 +11,7 @@ interpreter each.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -269,17 +270,45 @@ def test_the_old_circle_is_gone_even_counting_function_level_imports():
     assert "tfdist.run.trainer" not in every and "tfdist.run.types" in every
 
 
+# Run in one interpreter: each module is imported after every tfdist module is dropped
+# from sys.modules, so it loads everything it needs itself (TensorFlow, once loaded,
+# stays: only tfdist's own order is tested). A module that runs on import is skipped.
+_EACH_ALONE = """
+import importlib, json, sys, traceback
+failed, with_tf = {}, []
+for name in sys.argv[1:]:
+    for loaded in [m for m in sys.modules if m == "tfdist" or m.startswith("tfdist.")]:
+        del sys.modules[loaded]
+    had_tf = "tensorflow" in sys.modules
+    try:
+        importlib.import_module(name)
+    except BaseException as e:  # noqa: BLE001 - reported by name
+        failed[name] = "".join(traceback.format_exception_only(type(e), e)).strip()[-300:]
+    if not had_tf and "tensorflow" in sys.modules:
+        with_tf.append(name)
+print(json.dumps({"failed": failed, "with_tf": with_tf}))
+"""
+RUN_ON_IMPORT = {"tfdist.launch.__main__", "tfdist.bench.__main__", "tfdist.hosts.__main__"}
+# Everything that runs before TensorFlow starts imports none (the CLI, option
+# parsing, the run pipeline's checks).
+NO_TENSORFLOW = ["tfdist.run.trainer", "tfdist.ps", "tfdist.run.coordinator",
+                 "tfdist.run.types", "tfdist.run.loop", "tfdist.strategies", "tfdist.config",
+                 "tfdist.train", "tfdist.straggler", "tfdist.launch", "tfdist.settings"]
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("module", ["tfdist.run.trainer", "tfdist.ps", "tfdist.run.coordinator",
-                                    "tfdist.run.types", "tfdist.run.loop", "tfdist.strategies",
-                                    "tfdist.config", "tfdist.train", "tfdist.straggler",
-                                    "tfdist.horovod.collectives", "tfdist.shm.collectives"])
-def test_module_imports_first_in_a_fresh_interpreter(module):
-    code = (f"import {module}, sys; "
-            "assert 'tensorflow' not in sys.modules, 'imported TensorFlow'; "
-            "from tfdist.run.trainer import Preempted, Result, model_dir_for, check_free_space; "
-            "from tfdist.run import types as run_types; "
-            "assert Result is run_types.Result and Preempted is run_types.Preempted; print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+def test_every_module_imports_on_its_own_and_the_cli_path_without_tensorflow():
+    names = sorted(set(_modules()) - RUN_ON_IMPORT)
+    # The modules that must not import TensorFlow first (before anything loads it).
+    ordered = NO_TENSORFLOW + [n for n in names if n not in NO_TENSORFLOW]
+    proc = subprocess.run([sys.executable, "-c", _EACH_ALONE, *ordered], cwd=REPO,
+                          env=clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["failed"] == {}
+    assert not set(report["with_tf"]) & set(NO_TENSORFLOW), report["with_tf"]
+    assert len(names) > 100
+    from tfdist.run import trainer
+    from tfdist.run import types as run_types
+
+    assert trainer.Result is run_types.Result and trainer.Preempted is run_types.Preempted
