@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -33,3 +34,40 @@ def steady_step_s(times: list[float], warmup: int) -> float:
         raise ValueError(f"need at least warmup + 2 = {warmup + 2} step times. "
                          f"Received: {len(times)}.")
     return (times[-1] - times[warmup]) / (len(times) - 1 - warmup)
+
+
+def start_barrier(directory: str, parties: int, timeout_s: float = 600.0):
+    """A callback that holds training's first step until `parties` processes reach theirs.
+
+    For processes that train alone but must run at the same time (the scaling
+    benchmark's no-communication control): each writes a file named by its pid
+    into `directory` at the start of training and waits until `parties` files
+    are there. Start-up (imports, building the model) takes seconds and varies,
+    so without it the first process to start would train its first steps on a
+    quieter machine than the others.
+
+    Raises:
+        RuntimeError: (at the start of training) when the others are not there
+            within `timeout_s`.
+    """
+    import keras
+
+    class StartBarrier(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            arrived(directory)
+            deadline = time.monotonic() + timeout_s
+            while len(os.listdir(directory)) < parties:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{len(os.listdir(directory))} of {parties} processes reached the start "
+                        f"barrier in {directory} within {timeout_s:g} s.")
+                time.sleep(0.01)
+
+    return StartBarrier()
+
+
+def arrived(directory: str) -> None:
+    """Marks this process as arrived at the start barrier in `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, str(os.getpid())), "w", encoding="utf-8"):
+        pass
