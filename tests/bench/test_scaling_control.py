@@ -184,11 +184,17 @@ def test_plot_draws_a_row_against_one_worker_and_a_row_against_the_control(tmp_p
         result["results"]["wide_mlp"]["shm"]["weak"]["efficiency_vs_control"])
 
 
-def test_start_barrier_waits_for_every_party(tmp_path):
+def test_start_barrier_holds_each_process_after_its_warmup_until_every_party_is_there(tmp_path):
     directory = str(tmp_path / "start")
+    barrier = timing.start_barrier(directory, parties=2, after_steps=2, timeout_s=5)
+    barrier.on_train_begin()
+    barrier.on_train_batch_end(0)
+    assert not os.path.exists(directory)  # still warming up: not there yet
+    open_other = os.path.join(directory, "1")  # another process (pid 1) got there first
     os.makedirs(directory)
-    open(os.path.join(directory, "1"), "w").close()  # another process (pid 1) got there first
-    timing.start_barrier(directory, parties=2, timeout_s=5).on_train_begin()
-    assert len(os.listdir(directory)) == 2
+    open(open_other, "w").close()
+    barrier.on_train_batch_end(1)
+    assert sorted(os.listdir(directory)) == sorted(["1", str(os.getpid())])
+    barrier.on_train_batch_end(2)  # once only
     with pytest.raises(RuntimeError, match="2 of 3 processes reached the start barrier"):
         timing.start_barrier(directory, parties=3, timeout_s=0.05).on_train_begin()

@@ -35,7 +35,7 @@ The no-communication control (on unless `--no-control`): for each K, the
 same K worker processes, pinned the same way (`--cpu-bind cores`: worker i on
 the share worker i of K gets; the same threads), each training alone with
 `single` on its K-worker run's per-worker batch, all started together and
-held at their first step until all K got there (`timing.start_barrier`).
+held after their warm-up steps until all K got there (`timing.start_barrier`).
 Each one's steady step is taken over the time all K were past their warm-up
 and none had finished, so that every step counted was a contended one. The
 control's throughput is the sum of the K workers' examples/s; one control per
@@ -291,8 +291,8 @@ def one_control(args, recipe: str, workers: int, gbs: int, label: str) -> dict:
     Each is `tfdist.launch -n 1` (as the baseline is) on the K-worker run's
     per-worker batch, under `--cpu-bind cores` on the share worker i of K gets
     (`tfdist.bench.bind --share i/K`, the cores `tfdist.launch -n K --cpu-bind
-    cores` gives worker i), with the same threads; all wait at their first step
-    for the others (`timing.start_barrier`).
+    cores` gives worker i), with the same threads; each waits after its warm-up
+    steps for the others (`timing.start_barrier`).
     """
     bind = getattr(args, "cpu_bind", "none")
     root = os.path.join(os.path.abspath(args.out), "runs")

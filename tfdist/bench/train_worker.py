@@ -5,8 +5,8 @@ Trains exactly as `python -m tfdist.train` does (same parsing, same
 prints the trainer's metrics and the steady-state step time as a result line.
 Started by the benchmarks under `tfdist.launch` or `horovodrun`.
 `TFDIST_BENCH_START_DIR` and `TFDIST_BENCH_START_PARTIES` (both set, or
-neither) hold the first step until that many processes reached theirs
-(`timing.start_barrier`): processes training alone, started together.
+neither) hold each process after its warm-up steps until that many processes
+got there (`timing.start_barrier`): processes training alone, timed together.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
     callbacks = [timer]
     if os.environ.get("TFDIST_BENCH_START_DIR"):
         callbacks.insert(0, timing.start_barrier(os.environ["TFDIST_BENCH_START_DIR"],
-                                                 int(os.environ["TFDIST_BENCH_START_PARTIES"])))
+                                                 int(os.environ["TFDIST_BENCH_START_PARTIES"]),
+                                                 after_steps=warmup))
     result = trainer.train(recipe, cfg, cluster.detect(), callbacks=callbacks)
     if result.cluster.is_chief:
         m = result.metrics
