@@ -29,11 +29,14 @@ def _bench(tmp_path, name, *flags, timeout=240):
 
 
 def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
-    result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "4",
+    # 30 steps (about 10 ms each): the control times each worker over the steps all ran side by
+    # side after the warm-up, at least 2 step ends of each, and a busy machine can wake one
+    # worker tens of ms after the other.
+    result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "30",
                             "--warmup", "1", "--per-worker-batch", "8", "--modes", "weak",
                             "--strategies", "shm", "--grad-compression", "none,fp16",
                             "--repeats", "2", "--train-flags=--preempt-check-steps 100",
-                            "--cpu-bind", "cores", timeout=900)
+                            "--cpu-bind", "cores", "--control", timeout=900)
     assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
     assert result["cpu_bind"] == "cores"
     base = result["baselines"]["wide_mlp"]["weak"]
@@ -55,6 +58,25 @@ def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
                                                                      max(per_repeat)]
         assert c["noise"] == [e > 1 for e in c["efficiency"]]
     assert "noise" in result["note"] and "per repeat" in stdout
+    # The no-communication control: 2 `single` workers alone, together, each repeat.
+    control = result["controls"]["wide_mlp"]["weak"]
+    assert result["control"] is True and control["workers"] == [1, 2]
+    assert control["runs"][0]["step_s"] == base["step_s"]  # one worker is its own control
+    two = control["runs"][1]
+    assert two["worker_batch_size"] == [8, 8] and control["global_batch_size"] == [8, 16]
+    assert [r["strategy"] for r in two["runs"]] == ["single", "single"]
+    assert [r["num_workers"] for r in two["runs"]] == [1, 1]
+    assert all(math.isfinite(s) and s > 0 for s in two["worker_step_s"]) and two["overlap_s"] > 0
+    assert len(control["tries_examples_per_s"][1]) == 2
+    assert all(math.isfinite(t) and t > 0 for t in control["examples_per_s"])
+    assert control["efficiency"][1] == pytest.approx(two["examples_per_s"] / (2 * base[
+        "examples_per_s"]))
+    for name in ("shm", "shm+fp16"):
+        c = curves[name]["weak"]
+        assert c["efficiency_vs_control"][1] > 0
+        assert c["efficiency"][1] == pytest.approx(
+            control["efficiency"][1] * c["efficiency_vs_control"][1])
+    assert "vs control" in stdout and "control (no comm)" in stdout
 
 
 def test_allreduce_shm_and_mwms(tmp_path):

@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 
 MARK = "TFDIST_BENCH_RESULT "
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -113,6 +115,48 @@ def run(cmd: list[str], timeout_s: float, env: dict | None = None,
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"{what} failed (rc={proc.returncode}): {' '.join(cmd)}\n"
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return results
+
+
+def run_together(cmds: list[list[str]], timeout_s: float, env: dict | None = None,
+                 what: str = "benchmark") -> list[list[dict]]:
+    """Starts every command at once, waits for all; returns each one's result lines.
+
+    Their output goes to files, not pipes, so that no process stalls on a full
+    pipe while another is read. When one fails or the time runs out, the
+    others are killed.
+
+    Raises:
+        RuntimeError: when any fails or prints no result, with its output's tail.
+    """
+    procs, outs = [], []
+    try:
+        for cmd in cmds:
+            out = tempfile.TemporaryFile(mode="w+")
+            outs.append(out)
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                          env=child_env(env), cwd=REPO,
+                                          stdin=subprocess.DEVNULL))
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = []
+    for out in outs:
+        out.seek(0)
+        texts.append(out.read())
+        out.close()
+    results = [parse(t) for t in texts]
+    if any(p.returncode != 0 for p in procs) or not all(results):
+        raise RuntimeError(
+            f"{what} failed (exit codes {[p.returncode for p in procs]}):\n" + "\n".join(
+                f"--- {' '.join(c)}\n{t[-2000:]}" for c, t in zip(cmds, texts)))
     return results
 
 

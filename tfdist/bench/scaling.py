@@ -31,6 +31,27 @@ per-worker batch). In both, speedup = T1/TK for the same amount of work per
 worker (weak: scaled speedup, throughput_K / throughput_1) or in total
 (strong), and efficiency = speedup / K.
 
+The no-communication control (on unless `--no-control`): for each K, the
+same K worker processes, pinned the same way (`--cpu-bind cores`: worker i on
+the share worker i of K gets; the same threads), each training alone with
+`single` on its K-worker run's per-worker batch, all started together and
+held after their warm-up steps until all K got there (`timing.start_barrier`).
+Each one's steady step is taken over the time all K were past their warm-up
+and none had finished, so that every step counted was a contended one. The
+control's throughput is the sum of the K workers' examples/s; one control per
+recipe, mode and K, shared by every engine, interleaved with the rest in each
+repeat. Three efficiencies then:
+
+    efficiency          = throughput_K / (K x throughput_1)   (against one worker alone)
+    control efficiency  = control_K   / (K x throughput_1)   (contention alone)
+    against the control = throughput_K / control_K           (communication)
+
+and efficiency = control efficiency x efficiency against the control. The
+control has no collective and no step-by-step synchronization, so waiting for
+the slowest worker counts as communication. In strong mode the control's
+workers also run the smaller per-worker batch, so the control efficiency holds
+that too. Not with `--hosts`.
+
 `--hosts N --rate R`: worker i runs on namespaced host hi, one per host, over
 links shaped to R (see `tfdist.bench.on_hosts`); the 1-worker baseline runs
 on h0. Beside each K-worker point is `bench comm`'s estimate with the
@@ -42,8 +63,10 @@ bandwidth (the best a ring all-reduce can do): predicted step = compute x
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import tempfile
 
 from tfdist import compression as compression_lib
 from tfdist.bench import on_hosts, runs
@@ -87,6 +110,11 @@ def add_arguments(parser) -> None:
                              "(tfdist.launch --cpu-bind cores, tfdist.bench.bind under "
                              "horovodrun), the 1-worker baseline on the share worker 0 of N "
                              "gets; not with --hosts")
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run, for each K, the no-communication control: the same K "
+                             "workers, pinned the same way, each training alone (`single`), "
+                             "started together; efficiency is then also reported against it "
+                             "(not with --hosts)")
     parser.add_argument("--hosts", type=int, default=0,
                         help="N>=2: worker i on namespaced host hi (needs root; sets -n N)")
     parser.add_argument("--rate", default=None,
@@ -102,6 +130,69 @@ def speedups(throughputs: list[float], workers: list[int]) -> tuple[list[float],
         raise ValueError(f"the first point must be 1 worker. Received: workers={workers}.")
     speedup = [t / throughputs[0] for t in throughputs]
     return speedup, [s / k for s, k in zip(speedup, workers)]
+
+
+def overlap_step_s(times: list[list[float]], warmup: int) -> tuple[list[float], float]:
+    """Pure function: each process's mean step while all ran in steady state, and that time.
+
+    Args:
+        times: Per process, its step end times (`time.perf_counter()`, one
+            clock for every process on a host).
+        warmup: Steps at each process's start that do not count.
+
+    Returns:
+        (seconds per step of each process over the steps that ended inside the
+        window, the window's length in seconds). The window opens when the last
+        process ended its warm-up and closes when the first ended its run.
+
+    Raises:
+        ValueError: when a process has fewer than 2 step ends in the window:
+            the processes did not run long enough side by side.
+    """
+    start = max(t[warmup] for t in times)
+    end = min(t[-1] for t in times)
+    steps = []
+    for i, t in enumerate(times):
+        inside = [x for x in t if start <= x <= end]
+        if len(inside) < 2:
+            raise ValueError(
+                f"process {i} ended {len(inside)} step(s) while all {len(times)} processes "
+                f"were past their {warmup} warm-up steps; at least 2 are needed. Pass more "
+                f"--steps.")
+        steps.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    return steps, max(0.0, end - start)
+
+
+def control_point(results: list[dict], warmup: int) -> dict:
+    """Pure function: one control point from its K workers' result lines.
+
+    Throughput is the sum of the workers' examples/s over the time they all
+    ran; `step_s` is the step K synchronous workers would take for that
+    throughput (K x per-worker batch / throughput), comparable to a K-worker
+    run's step.
+    """
+    worker_steps, overlap = overlap_step_s([r["step_end_times"] for r in results], warmup)
+    batches = [r["global_batch_size"] for r in results]
+    tput = sum(b / s for b, s in zip(batches, worker_steps))
+    return {"workers": len(results), "global_batch_size": sum(batches),
+            "examples_per_s": tput, "step_s": sum(batches) / tput,
+            "worker_step_s": worker_steps, "worker_batch_size": batches,
+            "overlap_s": overlap,
+            "worker_steady_s": [r["step_end_times"][-1] - r["step_end_times"][warmup]
+                                for r in results]}
+
+
+def against_control(throughputs: list[float], control: list[float]) -> list[float]:
+    """Pure function: throughput_K / control_K per point, the efficiency against the control.
+
+    With efficiency = throughput_K / (K x throughput_1) and the control's own
+    efficiency = control_K / (K x throughput_1), efficiency = control
+    efficiency x this: contention times communication.
+    """
+    if len(throughputs) != len(control):
+        raise ValueError(f"one control per point. Received: {len(throughputs)} points, "
+                         f"{len(control)} controls.")
+    return [t / c for t, c in zip(throughputs, control)]
 
 
 def median_run(tries: list[dict]) -> dict:
@@ -148,12 +239,7 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
     collective at all.
     """
     model_dir = os.path.join(os.path.abspath(args.out), "runs", label)
-    env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
-    if getattr(args, "inter_op_threads", 0):
-        # One intra-op thread is not one core: with TensorFlow's default inter-op pool
-        # a `--threads 1` synthetic_cnn worker used 1.5 cores here (user/wall time),
-        # so 1 worker would get more of this host than each of 2 does.
-        env["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
+    env = _bench_env(args)
     hosts = getattr(args, "hosts_cluster", None)
     if hosts is not None:
         # One worker runs `single` (on h0): the baseline pays for no collective at all.
@@ -187,6 +273,42 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
     load = runs.load_average()
     result = runs.run(cmd, args.timeout + 60, env, what=f"scaling run {label}")[0]
     return {**result, "workers": workers, "load_avg_1m": load}
+
+
+def _bench_env(args) -> dict:
+    env = {"TFDIST_BENCH_WARMUP_STEPS": str(args.warmup)}
+    if getattr(args, "inter_op_threads", 0):
+        # One intra-op thread is not one core: with TensorFlow's default inter-op pool
+        # a `--threads 1` synthetic_cnn worker used 1.5 cores here (user/wall time),
+        # so 1 worker would get more of this host than each of 2 does.
+        env["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
+    return env
+
+
+def one_control(args, recipe: str, workers: int, gbs: int, label: str) -> dict:
+    """The no-communication control of a K-worker point: K `single` jobs started together.
+
+    Each is `tfdist.launch -n 1` (as the baseline is) on the K-worker run's
+    per-worker batch, under `--cpu-bind cores` on the share worker i of K gets
+    (`tfdist.bench.bind --share i/K`, the cores `tfdist.launch -n K --cpu-bind
+    cores` gives worker i), with the same threads; each waits after its warm-up
+    steps for the others (`timing.start_barrier`).
+    """
+    bind = getattr(args, "cpu_bind", "none")
+    root = os.path.join(os.path.abspath(args.out), "runs")
+    os.makedirs(root, exist_ok=True)
+    cmds = [runs.launch_command(1, "tfdist.bench.train_worker",
+                                _train_args(args, recipe, "single", gbs // workers,
+                                            os.path.join(root, f"{label}_w{i}")),
+                                args.timeout, share=f"{i}/{workers}" if bind == "cores" else None)
+            for i in range(workers)]
+    load = runs.load_average()
+    with tempfile.TemporaryDirectory(prefix="tfdist-start-") as start_dir:
+        env = {**_bench_env(args), "TFDIST_BENCH_START_DIR": start_dir,
+               "TFDIST_BENCH_START_PARTIES": str(workers)}
+        results = [r[0] for r in runs.run_together(cmds, args.timeout + 60, env,
+                                                   what=f"scaling control {label}")]
+    return {**control_point(results, args.warmup), "load_avg_1m": load, "runs": results}
 
 
 def engine_name(strategy: str, compression: str) -> str:
@@ -257,15 +379,16 @@ def run(args) -> dict:
     with (on_hosts.shaped_hosts(args.hosts, args.rate) if link
           else contextlib.nullcontext()) as hosts:
         args.hosts_cluster = hosts
-        results, baselines = _run_points(args, modes, strategies, compressions, link)
+        results, baselines, controls = _run_points(args, modes, strategies, compressions, link)
     args.hosts_cluster = None
     first_recipe = next(iter(results))
     headline = results[first_recipe][next(iter(results[first_recipe]))]
     where = (f"worker i on namespaced host hi, links shaped to {args.rate}" if link
              else "all workers on one host")
-    return {**{m: {k: headline[m][k] for k in ("workers", "speedup", "efficiency")}
-               for m in modes},
+    keys = ("workers", "speedup", "efficiency", "efficiency_vs_control", "control_efficiency")
+    return {**{m: {k: headline[m][k] for k in keys if k in headline[m]} for m in modes},
             "headline": first_recipe, "results": results, "baselines": baselines,
+            "control": bool(controls), "controls": controls,
             "threads": args.threads, "grad_compression": compressions,
             "cpu_bind": getattr(args, "cpu_bind", "none"),
             "inter_op_threads": args.inter_op_threads, "train_flags": args.train_flags,
@@ -275,14 +398,20 @@ def run(args) -> dict:
             "note": "examples/s after the warm-up steps; one 1-worker baseline (`single`) per "
                     "recipe and mode, shared by every engine; efficiency from the median runs, "
                     "error bars the range of per-repeat efficiencies (each repeat's K-worker "
-                    f"run over its own baseline); efficiency > 1 is noise; {where}"}
+                    f"run over its own baseline); efficiency > 1 is noise; {where}; "
+                    + ("control: per K, the same K workers pinned the same way, each training "
+                       "alone (`single`), started together; control efficiency = control / "
+                       "(K x 1 worker) is contention alone, efficiency_vs_control = K workers / "
+                       "control is communication, and efficiency = their product"
+                       if controls else "no control")}
 
 
-def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict]:
+def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict, dict]:
     counts = list(range(1, args.workers + 1))
     engines = [(s, c) for s in strategies for c in compressions]
     repeats = max(1, args.repeats)
-    results, baselines = {}, {}
+    with_control = getattr(args, "control", False) and not link
+    results, baselines, controls = {}, {}, {}
     for recipe in [r for r in args.recipes.split(",") if r]:
         per_worker = args.per_worker_batch or PER_WORKER.get(recipe, 64)
         grad_bytes = _grad_bytes(recipe) if link else None
@@ -291,10 +420,14 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                 return per_worker * (k if mode == "weak" else args.workers)
 
             base_tries, tries = [], {e: {k: [] for k in counts[1:]} for e in engines}
-            # Interleaved: the baseline, then every engine's points, R times over.
+            control_tries = {k: [] for k in counts[1:]}
+            # Interleaved: the baseline, the controls, then every engine's points, R times over.
             for rep in range(repeats):
                 base_tries.append(one_run(args, recipe, "single", 1, gbs(1),
                                           f"{recipe}_{mode}_1_r{rep}"))
+                for k in counts[1:] if with_control else []:
+                    control_tries[k].append(one_control(args, recipe, k, gbs(k),
+                                                        f"{recipe}_control_{mode}_{k}_r{rep}"))
                 for strategy, comp in engines:
                     for k in counts[1:]:
                         tries[(strategy, comp)][k].append(one_run(
@@ -306,6 +439,10 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                 "global_batch_size": gbs(1), "step_s": base["step_s"],
                 "examples_per_s": base["examples_per_s"], "tries_examples_per_s": base_tput,
                 "run": base}
+            control = None
+            if with_control:
+                control = control_curve(base, base_tput, control_tries, counts)
+                controls.setdefault(recipe, {})[mode] = control
             for strategy, comp in engines:
                 points = [base] + [median_run(tries[(strategy, comp)][k]) for k in counts[1:]]
                 tput = [p["examples_per_s"] for p in points]
@@ -321,6 +458,9 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                          "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
                          "global_batch_size": [p["global_batch_size"] for p in points],
                          "strategy": strategy, "grad_compression": comp, "runs": points}
+                if control is not None:
+                    curve.update(_against_control(curve, tries[(strategy, comp)], control,
+                                                  control_tries, repeats))
                 if link:
                     wire = grad_bytes * (0.5 if comp != "none" else 1.0)
                     batches = [p["global_batch_size"] // k for p, k in zip(points, counts)]
@@ -332,7 +472,66 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                                               for p, b in zip(pred, batches)])
                 results.setdefault(recipe, {}).setdefault(
                     engine_name(strategy, comp), {})[mode] = curve
-    return results, baselines
+    return results, baselines, controls
+
+
+def median_control(tries: list[dict]) -> dict:
+    """Pure function: the control try with the median throughput (lower median), tries attached.
+
+    By throughput, not step: a control's throughput is its figure (its step is
+    derived from it).
+    """
+    ordered = sorted(tries, key=lambda t: -t["examples_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2],
+            "tries_examples_per_s": [t["examples_per_s"] for t in tries]}
+
+
+def control_curve(base: dict, base_tput: list[float], control_tries: dict,
+                  counts: list[int]) -> dict:
+    """Pure function: the control's curve for one recipe and mode; its 1-worker point is the
+    baseline (one worker alone is its own control).
+
+    Args:
+        base: The baseline's median run.
+        base_tput: The baseline's examples/s per repeat.
+        control_tries: Per K >= 2, the control points of each repeat (`one_control`).
+        counts: Worker counts, 1..N.
+    """
+    repeats = len(base_tput)
+    points = [{**base, "workers": 1, "worker_step_s": [base["step_s"]],
+               "worker_batch_size": [base["global_batch_size"]]}] + [
+        median_control(control_tries[k]) for k in counts[1:]]
+    tput = [p["examples_per_s"] for p in points]
+    speedup, efficiency = speedups(tput, counts)
+    per_repeat = [[1.0] * repeats] + [
+        paired_efficiencies(base_tput, [t["examples_per_s"] for t in control_tries[k]], k)
+        for k in counts[1:]]
+    return {"workers": counts, "speedup": speedup, "efficiency": efficiency,
+            "efficiency_per_repeat": per_repeat,
+            "efficiency_range": [[min(p), max(p)] for p in per_repeat],
+            "noise": noise_flags(efficiency), "examples_per_s": tput,
+            "step_s": [p["step_s"] for p in points],
+            "global_batch_size": [p["global_batch_size"] for p in points],
+            "worker_step_s": [p["worker_step_s"] for p in points],
+            "overlap_s": [p.get("overlap_s") for p in points],
+            "tries_examples_per_s": [base_tput] + [
+                [t["examples_per_s"] for t in control_tries[k]] for k in counts[1:]],
+            "runs": points}
+
+
+def _against_control(curve: dict, tries: dict, control: dict, control_tries: dict,
+                     repeats: int) -> dict:
+    """A curve's efficiency against the control: from the median runs, and per repeat (each
+    repeat's K-worker run over the control of the same repeat)."""
+    counts = curve["workers"]
+    vs = against_control(curve["examples_per_s"], control["examples_per_s"])
+    per_repeat = [[1.0] * repeats] + [
+        against_control([t["examples_per_s"] for t in tries[k]],
+                        [c["examples_per_s"] for c in control_tries[k]]) for k in counts[1:]]
+    return {"efficiency_vs_control": vs, "efficiency_vs_control_per_repeat": per_repeat,
+            "efficiency_vs_control_range": [[min(p), max(p)] for p in per_repeat],
+            "noise_vs_control": noise_flags(vs),
+            "control_efficiency": control["efficiency"]}
 
 
 def _grad_bytes(recipe: str) -> int:
@@ -341,31 +540,57 @@ def _grad_bytes(recipe: str) -> int:
     return model_stats(recipe)["grad_bytes"]
 
 
+CONTROL = "control (no comm)"
+
+
 def table(result: dict) -> str:
-    """One row per (recipe, engine, mode, workers); with --hosts, the prediction beside."""
+    """One row per (recipe, engine, mode, workers), the control's rows beside each recipe and
+    mode's engines; with --hosts, the prediction beside."""
     from tfdist.bench.report import format_table
 
     link = result.get("link_gbs")
+    controls = result.get("controls") or {}
     rows = []
+
+    def row(recipe, engine, mode, c, i, vs=""):
+        lo, hi = c["efficiency_range"][i]
+        out = [recipe, engine, mode, c["workers"][i], c["global_batch_size"][i],
+               c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
+               c["efficiency"][i], f"{lo:.2f}-{hi:.2f}"]
+        if controls:
+            out.append(vs)
+        if link:
+            out += ([c["predicted_step_s"][i] * 1e3, c["predicted_efficiency"][i]]
+                    if "predicted_step_s" in c else ["", ""])
+        noisy = c["noise"][i] or (c.get("noise_vs_control") or [False] * (i + 1))[i]
+        return out + [c["runs"][i]["load_avg_1m"], "noise (>1)" if noisy else ""]
+
     for recipe, by_engine in result["results"].items():
-        for engine, curves in by_engine.items():
-            for mode, c in curves.items():
-                for i, k in enumerate(c["workers"]):
-                    lo, hi = c["efficiency_range"][i]
-                    row = [recipe, engine, mode, k, c["global_batch_size"][i],
-                           c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
-                           c["efficiency"][i], f"{lo:.2f}-{hi:.2f}"]
-                    if link:
-                        row += [c["predicted_step_s"][i] * 1e3, c["predicted_efficiency"][i]]
-                    rows.append(row + [c["runs"][i]["load_avg_1m"],
-                                       "noise (>1)" if c["noise"][i] else ""])
+        modes = [m for m in MODES if any(m in curves for curves in by_engine.values())]
+        for mode in modes:
+            control = controls.get(recipe, {}).get(mode)
+            if control is not None:
+                rows += [row(recipe, CONTROL, mode, control, i)
+                         for i in range(len(control["workers"]))]
+            for engine, curves in by_engine.items():
+                c = curves.get(mode)
+                for i in range(len(c["workers"]) if c else 0):
+                    vs = c["efficiency_vs_control"][i] if "efficiency_vs_control" in c else ""
+                    rows.append(row(recipe, engine, mode, c, i, vs))
     head = ["recipe", "engine", "mode", "workers", "global batch", "step ms", "examples/s",
             "speedup", "efficiency", "per repeat"]
+    if controls:
+        head.append("vs control")
     if link:
         head += ["predicted step ms", "predicted efficiency"]
     out = format_table(head + ["load 1m", "flag"], rows)
     out = (f"1 worker = one shared `single` baseline per recipe and mode; {result['repeats']} "
            "repeat(s), median shown\n" + out)
+    if controls:
+        out = (f"{CONTROL}: the same K workers, pinned the same way, each training alone, "
+               "started together; its efficiency is contention alone. vs control = examples/s "
+               "over the control's: communication (efficiency = control's efficiency x vs "
+               "control)\n" + out)
     if link:
         out = (f"worker i on host hi, links shaped to {result['rate']} ({link:.3f} GB/s); "
                "predicted: measured 1-worker compute + ring all-reduce of the bytes sent at the "
@@ -374,38 +599,68 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, fig) -> None:
-    """Efficiency per worker count with the per-repeat range, per mode, per recipe/engine."""
+    """Efficiency per worker count with the per-repeat range, per mode, per recipe/engine.
+
+    Error bars are the range over repeats. With the control: the top row is
+    efficiency against one worker, with the control's own (contention alone)
+    dashed in grey per recipe; the bottom row is each engine's efficiency
+    against the control (communication).
+    """
     modes = [m for m in MODES if m in result]
-    axes = fig.subplots(1, len(modes), squeeze=False)[0]
-    for ax, mode in zip(axes, modes):
-        flagged = False
+    controls = result.get("controls") or {}
+    axes = fig.subplots(2 if controls else 1, len(modes), squeeze=False)
+    for col, mode in enumerate(modes):
         curves = [(recipe, engine, by_engine[engine][mode])
                   for recipe, by_engine in result["results"].items() for engine in by_engine]
-        for i, (recipe, engine, c) in enumerate(curves):
-            # A small offset per curve, so error bars at one worker count do not overlap.
-            xs = [k + 0.04 * (i - (len(curves) - 1) / 2) for k in c["workers"]]
-            err = error_bars(c["efficiency"], c["efficiency_per_repeat"])
-            line = ax.errorbar(xs, c["efficiency"], yerr=err, fmt="o-", capsize=3,
-                               label=f"{recipe} ({engine})")
-            color = line[0].get_color()
-            noisy = [(x, e) for x, e, n in zip(xs, c["efficiency"], c["noise"]) if n]
-            if noisy:
-                flagged = True
-                ax.plot(*zip(*noisy), "o", markersize=12, markerfacecolor="none",
-                        markeredgecolor="red")
-            if "predicted_efficiency" in c:
-                ax.plot(xs, c["predicted_efficiency"], "x--", color=color,
-                        label=f"{recipe} ({engine}), predicted")
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        if flagged:
-            ax.plot([], [], "o", markerfacecolor="none", markeredgecolor="red",
-                    label="efficiency > 1: noise")
-        counts = curves[0][2]["workers"] if curves else [1]
-        ax.set_xticks(counts)
-        ax.set_xlabel("workers" + (f" (one per host, {result['rate']})" if result.get("rate")
-                                   else ""))
-        ax.set_ylabel("efficiency (speedup / N), range over repeats")
-        top = max([1.2] + [hi for _, _, c in curves for _, hi in c["efficiency_range"]])
-        ax.set_ylim(0, top + 0.05)
-        ax.set_title(f"{mode} scaling, {result['repeats']} repeat(s)")
-        ax.legend(fontsize=7)
+        extra = [(recipe, CONTROL, by_mode[mode]) for recipe, by_mode in controls.items()
+                 if mode in by_mode]
+        title = f"{mode} scaling, {result['repeats']} repeat(s)"
+        _efficiency_axes(axes[0][col], curves, extra, "efficiency", "noise", result,
+                         "speedup / N (bars: range)" if controls
+                         else "efficiency (speedup / N), range over repeats",
+                         title + (": against 1 worker" if controls else ""))
+        if controls:
+            _efficiency_axes(axes[1][col], curves, [], "efficiency_vs_control",
+                             "noise_vs_control", result,
+                             "K workers / control (bars: range)",
+                             f"{mode}: against the no-comm control")
+
+
+def _efficiency_axes(ax, curves, controls, key, noise_key, result, ylabel, title) -> None:
+    """One panel: each curve's `key` with its per-repeat range, the controls dashed."""
+    flagged = False
+    every = curves + controls
+    for i, (recipe, engine, c) in enumerate(every):
+        if key not in c:
+            continue
+        # A small offset per curve, so error bars at one worker count do not overlap.
+        xs = [k + 0.04 * (i - (len(every) - 1) / 2) for k in c["workers"]]
+        err = error_bars(c[key], c[f"{key}_per_repeat"])
+        # The controls in grey, one marker per recipe; the engines in the colour cycle.
+        style = (dict(fmt="sD^v"[(i - len(curves)) % 4] + "--", color="dimgrey")
+                 if engine == CONTROL else dict(fmt="o-"))
+        label = (f"{recipe} control: contention alone" if engine == CONTROL
+                 else f"{recipe} ({engine})")
+        line = ax.errorbar(xs, c[key], yerr=err, capsize=3, label=label, **style)
+        color = line[0].get_color()
+        noisy = [(x, e) for x, e, n in zip(xs, c[key], c[noise_key]) if n]
+        if noisy:
+            flagged = True
+            ax.plot(*zip(*noisy), "o", markersize=12, markerfacecolor="none",
+                    markeredgecolor="red")
+        if key == "efficiency" and "predicted_efficiency" in c:
+            ax.plot(xs, c["predicted_efficiency"], "x--", color=color,
+                    label=f"{recipe} ({engine}), predicted")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    if flagged:
+        ax.plot([], [], "o", markerfacecolor="none", markeredgecolor="red",
+                label="above 1: noise")
+    counts = every[0][2]["workers"] if every else [1]
+    ax.set_xticks(counts)
+    ax.set_xlabel("workers" + (f" (one per host, {result['rate']})" if result.get("rate")
+                               else ""))
+    ax.set_ylabel(ylabel, fontsize=8)
+    top = max([1.2] + [hi for _, _, c in every for _, hi in c.get(f"{key}_range", [])])
+    ax.set_ylim(0, top + 0.05)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6)

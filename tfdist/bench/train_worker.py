@@ -4,6 +4,9 @@ Trains exactly as `python -m tfdist.train` does (same parsing, same
 `trainer.train`), adding only a callback that timestamps steps; the chief
 prints the trainer's metrics and the steady-state step time as a result line.
 Started by the benchmarks under `tfdist.launch` or `horovodrun`.
+`TFDIST_BENCH_START_DIR` and `TFDIST_BENCH_START_PARTIES` (both set, or
+neither) hold each process after its warm-up steps until that many processes
+got there (`timing.start_barrier`): processes training alone, timed together.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ def main(argv: list[str]) -> int:
 
     recipe, cfg = train.parse(argv)
     timer = timing.step_timer()
-    result = trainer.train(recipe, cfg, cluster.detect(), callbacks=[timer])
+    callbacks = [timer]
+    if os.environ.get("TFDIST_BENCH_START_DIR"):
+        callbacks.insert(0, timing.start_barrier(os.environ["TFDIST_BENCH_START_DIR"],
+                                                 int(os.environ["TFDIST_BENCH_START_PARTIES"]),
+                                                 after_steps=warmup))
+    result = trainer.train(recipe, cfg, cluster.detect(), callbacks=callbacks)
     if result.cluster.is_chief:
         m = result.metrics
         step_s = timing.steady_step_s(timer.times, warmup)
