@@ -18,8 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 
 from tfdist.bench import runs
 
@@ -131,30 +129,15 @@ def run_workers(cluster, workers: int, module: str, args: list[str], timeout_s: 
         RuntimeError: when a worker fails or worker 0 prints no result, with the output's tail.
     """
     configs = tf_configs([h.address for h in cluster.hosts[:workers]]) if workers > 1 else [None]
-    procs, outs = [], []
-    try:
-        for i, cfg in enumerate(configs):
-            out = tempfile.TemporaryFile(mode="w+")
-            outs.append(out)
-            extra = {**(env or {}), **({"TF_CONFIG": json.dumps(cfg)} if cfg else {})}
-            procs.append(cluster.popen(cluster.hosts[i].name, [sys.executable, "-m", module, *args],
-                                       env=runs.child_env(extra), cwd=runs.REPO, stdout=out,
-                                       stderr=subprocess.STDOUT, text=True))
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    texts = []
-    for out in outs:
-        out.seek(0)
-        texts.append(out.read())
-        out.close()
+    def start(i, cfg):
+        extra = {**(env or {}), **({"TF_CONFIG": json.dumps(cfg)} if cfg else {})}
+        return lambda out: cluster.popen(
+            cluster.hosts[i].name, [sys.executable, "-m", module, *args],
+            env=runs.child_env(extra), cwd=runs.REPO, stdout=out, stderr=subprocess.STDOUT,
+            text=True)
+
+    procs, texts = runs.start_and_wait([start(i, cfg) for i, cfg in enumerate(configs)],
+                                       timeout_s)
     results = runs.parse(texts[0])
     if any(p.returncode != 0 for p in procs) or not results:
         codes = [p.returncode for p in procs]

@@ -118,25 +118,20 @@ def run(cmd: list[str], timeout_s: float, env: dict | None = None,
     return results
 
 
-def run_together(cmds: list[list[str]], timeout_s: float, env: dict | None = None,
-                 what: str = "benchmark") -> list[list[dict]]:
-    """Starts every command at once, waits for all; returns each one's result lines.
+def start_and_wait(starts: list, timeout_s: float) -> tuple[list, list[str]]:
+    """Starts processes together, waits for all; returns (processes, their outputs).
 
-    Their output goes to files, not pipes, so that no process stalls on a full
-    pipe while another is read. When one fails or the time runs out, the
-    others are killed.
-
-    Raises:
-        RuntimeError: when any fails or prints no result, with its output's tail.
+    Each of `starts` is called with an open temporary file for the process's
+    output (a file, not a pipe, so that no process stalls on a full pipe
+    while another is read) and returns the `Popen`. When one fails or the
+    time runs out, the others are killed.
     """
     procs, outs = [], []
     try:
-        for cmd in cmds:
+        for start in starts:
             out = tempfile.TemporaryFile(mode="w+")
             outs.append(out)
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                          env=child_env(env), cwd=REPO,
-                                          stdin=subprocess.DEVNULL))
+            procs.append(start(out))
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             if any(p.poll() not in (None, 0) for p in procs):
@@ -152,6 +147,25 @@ def run_together(cmds: list[list[str]], timeout_s: float, env: dict | None = Non
         out.seek(0)
         texts.append(out.read())
         out.close()
+    return procs, texts
+
+
+def run_together(cmds: list[list[str]], timeout_s: float, env: dict | None = None,
+                 what: str = "benchmark") -> list[list[dict]]:
+    """Starts every command at once, waits for all; returns each one's result lines.
+
+    Their output goes to files, not pipes, so that no process stalls on a full
+    pipe while another is read. When one fails or the time runs out, the
+    others are killed.
+
+    Raises:
+        RuntimeError: when any fails or prints no result, with its output's tail.
+    """
+    procs, texts = start_and_wait(
+        [lambda out, cmd=cmd: subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                               text=True, env=child_env(env), cwd=REPO,
+                                               stdin=subprocess.DEVNULL) for cmd in cmds],
+        timeout_s)
     results = [parse(t) for t in texts]
     if any(p.returncode != 0 for p in procs) or not all(results):
         raise RuntimeError(
