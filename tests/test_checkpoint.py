@@ -2,7 +2,10 @@
 
 import json
 import os
+import weakref
+import zipfile
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -145,6 +148,71 @@ def test_save_load_restore_roundtrip_and_keep(tmp_path):
     store.restore(arrays, fresh, fresh_opt)
     np.testing.assert_array_equal(fresh[0].value, np.full((2, 3), 15.0))
     assert float(fresh_opt[0].value) == 7.0
+
+
+def _savez_backup(path, state, model, opt):
+    """A backup as tfdist wrote it before saves were streamed: every array read, then np.savez."""
+    from tfdist.checkpoint import BACKUP_FORMAT, _digest
+
+    arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(model)}
+    arrays.update({f"opt_{i}": np.asarray(v.numpy()) for i, v in enumerate(opt)})
+    record = {**META, "format": BACKUP_FORMAT, "state": {
+        "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
+        "global_step": state.global_step, "history": state.history,
+        "data_offset": state.data_offset}, "model_signature": signature(model),
+        "optimizer_signature": signature(opt), "sha256": _digest(arrays)}
+    arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def test_streamed_backup_holds_np_savez_entries_byte_for_byte(tmp_path):
+    # Twelve variables, so "model_10" sorts before "model_2", of every dtype and
+    # rank a model or optimizer holds (bfloat16, int64 counters, bools, scalars).
+    values = [np.arange(6, dtype="float32").reshape(2, 3) * (k + 1) for k in range(12)]
+    values += [np.array(3.5, dtype="float32"), np.array(True),
+               np.linspace(0, 1, 5).astype(ml_dtypes.bfloat16),
+               np.arange(12, dtype="float64").reshape(3, 4).T]  # not C-contiguous
+    model = [Var(f"layer_{k}/kernel", 0.0) for k in range(len(values))]
+    for var, value in zip(model, values):
+        var.value, var.shape, var.dtype = value, value.shape, value.dtype
+    opt = [Var("adam/iteration", 7.0)]
+    opt[0].value = np.array(7, dtype="int64")
+    state = TrainState(epoch=1, step_in_epoch=2, global_step=9, history={"loss": [0.5]})
+    store = BackupStore(ChiefWriter(str(tmp_path), True))
+    path = store.save(state, model, opt, META)
+    _savez_backup(tmp_path / "old.npz", state, model, opt)
+    with zipfile.ZipFile(path) as new, zipfile.ZipFile(tmp_path / "old.npz") as old:
+        assert sorted(new.namelist()) == sorted(old.namelist())
+        assert new.namelist()[-1] == "meta.npy"
+        for name in old.namelist():
+            assert new.read(name) == old.read(name), name
+    record, arrays = store.load(path)  # the digest checks out
+    for k, value in enumerate(values):  # bitwise (npy keeps bfloat16 as raw 2-byte |V2)
+        assert arrays[f"model_{k}"].shape == value.shape
+        assert arrays[f"model_{k}"].tobytes() == np.ascontiguousarray(value).tobytes()
+    assert store.load(str(tmp_path / "old.npz"))[0] == record  # and the old file loads alike
+
+
+def test_save_holds_one_array_at_a_time(tmp_path):
+    alive, most = set(), [0]
+
+    class Remote(Var):
+        """A variable on another process: each read is a fresh array of its own."""
+
+        def numpy(self):
+            array = self.value.copy()
+            alive.add(id(array))
+            most[0] = max(most[0], len(alive))
+            weakref.finalize(array, alive.discard, id(array))
+            return array
+
+    model = [Remote(f"dense_{k}/kernel", np.full((4, 4), k)) for k in range(6)]
+    opt = [Remote(f"adam/m_{k}", np.full((4, 4), -k)) for k in range(6)]
+    path = BackupStore(ChiefWriter(str(tmp_path), True)).save(TrainState(), model, opt, META)
+    assert most[0] == 1
+    _, arrays = BackupStore.load(path)
+    np.testing.assert_array_equal(arrays["opt_5"], np.full((4, 4), -5.0))
 
 
 def test_truncated_backup_is_a_clear_error(tmp_path):

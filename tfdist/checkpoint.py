@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -236,9 +237,20 @@ def signature(variables) -> list[list]:
 def _digest(arrays: dict) -> str:
     h = hashlib.sha256()
     for key in sorted(arrays):
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(arrays[key]).tobytes())
+        _hash_array(h, key, arrays[key])
     return h.hexdigest()
+
+
+def _hash_array(h, key: str, array) -> None:
+    """One array's part of `_digest` (arrays are hashed in sorted key order)."""
+    h.update(key.encode())
+    h.update(np.ascontiguousarray(array))  # the bytes `tobytes()` gives, without the copy
+
+
+def _write_npy(npz: zipfile.ZipFile, key: str, array) -> None:
+    """Adds `key.npy` to an open .npz as `np.savez` does (stored, zip64 forced)."""
+    with npz.open(f"{key}.npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
 
 
 class BackupStore:
@@ -288,16 +300,30 @@ class BackupStore:
         """
         if not self.writer.is_chief:
             return None  # not even the arrays are read: nothing to write them to
-        arrays = {f"model_{i}": np.asarray(v.numpy()) for i, v in enumerate(model_vars)}
-        arrays.update({f"opt_{i}": np.asarray(v.numpy()) for i, v in enumerate(optimizer_vars)})
-        record = {**meta, "format": BACKUP_FORMAT, "state": dataclasses.asdict(state),
-                  "model_signature": signature(model_vars),
-                  "optimizer_signature": signature(optimizer_vars),
-                  "sha256": _digest(arrays)}
-        arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
+        # One array at a time: read, hash, write, drop. Holding them all (np.savez's
+        # way) gave the chief a full copy of every pipeline stage's weights and slots
+        # at each backup (+2376 MiB on 12 Dense 4096x4096 + Adam, #29). The entries
+        # go in the digest's (sorted) order so each variable is read once; the
+        # loader reads entries by name, and the meta record, which holds the digest,
+        # comes last, as before.
+        variables = {f"model_{i}": v for i, v in enumerate(model_vars)}
+        variables.update({f"opt_{i}": v for i, v in enumerate(optimizer_vars)})
+
         def write(tmp):
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
+            h = hashlib.sha256()
+            with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED,
+                                 allowZip64=True) as npz:
+                for key in sorted(variables):
+                    array = np.asarray(variables[key].numpy())
+                    _hash_array(h, key, array)
+                    _write_npy(npz, key, array)
+                    del array
+                record = {**meta, "format": BACKUP_FORMAT, "state": dataclasses.asdict(state),
+                          "model_signature": signature(model_vars),
+                          "optimizer_signature": signature(optimizer_vars),
+                          "sha256": h.hexdigest()}
+                _write_npy(npz, "meta",
+                           np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
 
         path = self.writer.write_file(self.path_for(state.global_step), write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:

@@ -126,3 +126,18 @@ def test_the_hung_stage_is_the_first_other_task_that_does_not_answer_an_op():
     assert (lost.rank, lost.address, lost.job) == (2, "127.0.0.1:4002", "pipeline stage")
     assert [d for d, _ in asked] == [stages.task_device(1), stages.task_device(2)]  # not self
     assert stages.hung_stage(cluster, 5.0, answers=lambda d, t: True) is None
+
+
+def test_the_watchdog_keeps_watching_after_a_step_and_an_epoch_until_training_ends():
+    # The backup callback runs after the watchdog's and reads every stage's
+    # variables: a stage stopped during a backup must still be found.
+    dog = stages.watchdog(launched(2), timeout_s=60)
+    assert dog.started is None
+    dog.on_train_batch_begin(0)
+    begun = dog.started
+    dog.on_train_batch_end(0)
+    assert dog.started is not None and dog.started >= begun
+    dog.on_epoch_end(0)
+    assert dog.started is not None
+    dog.on_train_end()
+    assert dog.started is None

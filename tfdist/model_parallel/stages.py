@@ -201,7 +201,8 @@ def step_overdue(now: float, step_started: float | None, timeout_s: float) -> bo
 
 
 def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
-    """A Keras callback on the chief: when a step runs `timeout_s` (the collective
+    """A Keras callback on the chief: when a step, or what runs between steps (a
+    backup reading every stage's variables), runs `timeout_s` (the collective
     timeout), the stage tasks are checked; a closed port or a task that does not
     answer an op ends the job naming its stage (exit 4, PEER_LOST). A slow step
     whose every stage answers goes on. TensorFlow's remote calls have no deadline
@@ -229,8 +230,14 @@ def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
         def on_train_batch_begin(self, batch, logs=None):
             self.started = time.monotonic()
 
+        # Still watched after a step and an epoch: the backup callback comes after this
+        # one and reads every stage's variables, and a stage stopped then hung the chief
+        # for ever (#29's streamed backup reads them one at a time, a longer window).
         def on_train_batch_end(self, batch, logs=None):
-            self.started = None
+            self.started = time.monotonic()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.started = time.monotonic()
 
         def on_train_end(self, logs=None):
             self.started = None
@@ -248,7 +255,7 @@ def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
                     self.started = time.monotonic()
                     continue
                 print(f"error: lost contact with {lost.job} {lost.rank} ({lost.address}) "
-                      f"during training: no step finished in {timeout_s:g} s "
+                      f"during training: no step or backup finished in {timeout_s:g} s "
                       f"(--collective-timeout-s) and {why}. Rerun the same command to resume "
                       "from the newest backup.", file=sys.stderr, flush=True)
                 sys.stdout.flush()
