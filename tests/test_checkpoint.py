@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tfdist.checkpoint import (BackupStore, ChiefWriter, TrainState, atomic_path, rebatch,
-                               signature)
+from tfdist.checkpoint import BackupStore, TrainState, rebatch, signature
+from tfdist.writer import ChiefWriter, atomic_path
 from tfdist.errors import CheckpointError, PeerLostError
 from tfdist.run.trainer import describe_peer_failure, locate_peer
 from tfdist.cluster import detect

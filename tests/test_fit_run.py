@@ -15,7 +15,7 @@ import numpy as np
 
 from tfdist import config
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import ChiefWriter
+from tfdist.writer import ChiefWriter
 from tfdist.cluster import detect
 from tfdist.run import loop, run_dir, trainer
 from tfdist.settings import Settings

@@ -12,7 +12,8 @@ import pytest
 
 from tests.conftest import REPO, clean_env
 from tfdist import model_dir
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState, atomic_path
+from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.writer import ChiefWriter, atomic_path
 from tfdist.errors import StorageError
 
 HOLD = ("import sys, time; from tfdist import model_dir; "

@@ -10,7 +10,8 @@ from tfdist.cluster import detect, local
 from tfdist.cluster.base import ClusterInfo
 from tfdist.run import run_dir
 from tfdist.run import types as run_types
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.writer import ChiefWriter
 from tfdist.errors import ConfigError
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import io
 
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.writer import ChiefWriter
 
 
 def _keras_callback():

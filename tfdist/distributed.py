@@ -142,7 +142,7 @@ class Distributed:
         """
         import os
 
-        from tfdist.checkpoint import ChiefWriter
+        from tfdist.writer import ChiefWriter
 
         directory, name = os.path.split(os.path.abspath(path))
         return ChiefWriter(directory, self.is_chief).save_model(model, name)

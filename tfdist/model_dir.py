@@ -3,7 +3,7 @@
 `claim(model_dir)` is what the chief does before TensorFlow builds anything:
 create the dir (and its `backup/`), probe that it can write there, take the
 dir's lock and remove the temporary files a killed job left. The run's
-`checkpoint.ChiefWriter.claim` calls it on the chief only; other workers do
+`writer.ChiefWriter.claim` calls it on the chief only; other workers do
 nothing here.
 
 The lock is an advisory `flock` on MODEL_DIR/.tfdist.lock, held by the chief
@@ -34,7 +34,7 @@ from tfdist.errors import ConfigError, StorageError, describe_os_error
 
 LOCK_NAME = ".tfdist.lock"
 BACKUP_DIR = "backup"  # MODEL_DIR/backup: the training-state backups (`checkpoint.BackupStore`)
-# The names `checkpoint.atomic_path` writes before renaming: ".NAME.XXXXXXXX.tmp[.ext]".
+# The names `writer.atomic_path` writes before renaming: ".NAME.XXXXXXXX.tmp[.ext]".
 _TMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?$")
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 

@@ -202,7 +202,7 @@ def callbacks(recipe: ModuleType, cfg: dict, writer) -> list:
     """The recipe's extra `fit` callbacks ([] when it defines none).
 
     The recipe sees `cfg["is_chief"]` (to print once) and `cfg["writer"]`, the
-    run's `checkpoint.ChiefWriter` (to write files: chief only, atomically).
+    run's `writer.ChiefWriter` (to write files: chief only, atomically).
     """
     if not hasattr(recipe, "callbacks"):
         return []

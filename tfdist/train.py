@@ -126,7 +126,7 @@ def exit_now(code: int) -> None:
 
 def write_status(path: str, code: int) -> None:
     """Writes `code` and a newline to `path` atomically (temp file, then rename)."""
-    from tfdist.checkpoint import atomic_write_text
+    from tfdist.writer import atomic_write_text
 
     atomic_write_text(path, f"{code}\n")
 

@@ -36,7 +36,8 @@ def _tf_config(workers, index=0, **jobs):
 # (tfdist/train.py) lists launch commands in its docstring and is not one of them.
 PIPELINE = ["tfdist/run/trainer.py", "tfdist/run/loop.py", "tfdist/settings.py", "tfdist/run/types.py",
             "tfdist/run/run_dir.py",
-            "tfdist/callbacks.py", "tfdist/checkpoint.py", "tfdist/model_dir.py"]
+            "tfdist/callbacks.py", "tfdist/checkpoint.py",
+            "tfdist/writer.py", "tfdist/model_dir.py"]
 
 
 def strategy_names_in(path: str) -> list[tuple[int, str]]:

@@ -7,7 +7,7 @@ import os
 import platform
 import time
 
-from tfdist.checkpoint import atomic_path, atomic_write_text
+from tfdist.writer import atomic_path, atomic_write_text
 
 
 def machine_info() -> dict:

@@ -3,7 +3,7 @@
 `trainer.train(recipe, cfg, cluster)` is the entry every command uses (the
 CLI `tfdist.train`, the benchmarks' workers): it checks the options before
 TensorFlow, inspects and claims the model dir (`run_dir`, through the
-chief-only `checkpoint.ChiefWriter`), then hands a `loop.Run` to the loop the
+chief-only `writer.ChiefWriter`), then hands a `loop.Run` to the loop the
 strategy adapter names: Keras `fit` on every training process
 (`trainer.FitLoop`), the parameter-server coordinator (`coordinator`), or a
 pipeline whose stages serve while the chief drives them (`trainer.StageLoop`).

@@ -26,7 +26,8 @@ import time
 
 from tfdist import callbacks, data, strategies
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import BackupStore, ChiefWriter, TrainState
+from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.writer import ChiefWriter
 from tfdist.compat import grpc_keepalive
 from tfdist.errors import ClusterError
 from tfdist.run import loop, run_dir

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import sys
 
-from tfdist.checkpoint import ChiefWriter
+from tfdist.writer import ChiefWriter
 from tfdist.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ class Run:
         recipe: The loaded recipe module.
         cfg: The merged, checked configuration.
         cluster: This process's ClusterInfo.
-        writer: The run's one chief-only writer (`checkpoint.ChiefWriter`): every
+        writer: The run's one chief-only writer (`writer.ChiefWriter`): every
             file in the model dir goes through it; the chief has claimed the dir.
         choice: The `tfdist.strategies.Choice` of adapters `--strategy` may become.
         callbacks: Extra Keras callbacks from the caller (`fit` loops).

@@ -242,7 +242,8 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
     Raises:
         ConfigError: when the recorded configuration differs, naming each option.
     """
-    from tfdist.checkpoint import BackupStore, ChiefWriter
+    from tfdist.checkpoint import BackupStore
+    from tfdist.writer import ChiefWriter
 
     settings = Settings.of(cfg)  # `cfg` itself is what a backup records (`run_config`)
     if not settings.backup.resume:

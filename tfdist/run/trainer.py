@@ -21,7 +21,8 @@ import time
 from tfdist import cluster as cluster_lib
 from tfdist import config, data, instruments, optim, strategies
 from tfdist import recipe as recipe_lib
-from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, ChiefWriter, TrainState
+from tfdist.checkpoint import CORRUPT_SUFFIX, BackupStore, TrainState
+from tfdist.writer import ChiefWriter
 from tfdist.errors import ConfigError, PeerLostError
 from tfdist.run import loop as loop_lib
 from tfdist.run import run_dir
