@@ -4,9 +4,13 @@ numbers_to_words at a tiny size (d_model 32), 40 steps of Adam with the Noam
 schedule (warmup 8) and clipping at norm 1.0, deterministic ops, each against
 one device: in float32, pipeline with GPipe (each of the 2 stages in a process
 of its own, started by tfdist.launch -n 2) and 1F1B (4 micro-batches over 2
-logical CPUs), 2-way tensor parallel (model_parallel, one stage), 2 stages x
-2-way tensor parallel (pipeline over 4 logical CPUs) and mirrored; under `--precision mixed_float16`, mirrored, 1F1B
-(4 micro-batches), 2-way tensor parallel and 2 stages x 2-way (GPipe).
+logical CPUs), 2 stages x 2-way tensor parallel (pipeline over 4 logical
+CPUs) and mirrored; under `--precision mixed_float16`, mirrored, 1F1B (4
+micro-batches) and 2 stages x 2-way (GPipe). Tensor parallel alone
+(model_parallel, one stage) is not run here: 2 stages x 2-way splits the same
+attention by heads, and test_equality_matrix's tensor-parallel cells check it
+on one stage under every elementwise optimizer (measured when it ran here:
+float32 within RTOL, float16 0.037).
 
 float32 tolerance: attention under Adam amplifies rounding, so summation
 order alone moves the weights further than on a dense model. MirroredStrategy
@@ -72,12 +76,11 @@ RUNS = {
     "stages2": ["--strategy", "pipeline", "--microbatches", "2"],
     "1f1b": ["--strategy", "pipeline", "--devices", "2", "--microbatches", "4",
              "--schedule", "1f1b"],
-    "tp2": ["--strategy", "model_parallel", "--devices", "2", "--tensor-parallel", "2"],
     "pp2tp2": ["--strategy", "pipeline", "--devices", "4", "--tensor-parallel", "2",
                "--microbatches", "2"],
 }
 # mixed_float16: the reference, its floor (mirrored), a pipeline, TP and both together.
-FP16_RUNS = ("single", "mirrored", "1f1b", "tp2", "pp2tp2")
+FP16_RUNS = ("single", "mirrored", "1f1b", "pp2tp2")
 LAUNCHED = {"stages2": 2}  # runs started as this many tasks
 FP16_TOL = 0.08  # per weight, relative norm difference; see the module docstring
 
@@ -118,7 +121,7 @@ def _worst(got, want):
                for k in want)
 
 
-@pytest.mark.parametrize("name", ["mirrored", "stages2", "1f1b", "tp2", "pp2tp2"])
+@pytest.mark.parametrize("name", ["mirrored", "stages2", "1f1b", "pp2tp2"])
 def test_split_transformer_equals_one_device(runs, name):
     single = _weights(runs["single"])
     got = _weights(runs[name])
@@ -131,7 +134,7 @@ def test_mirrored_reference_floor_is_far_below_the_tolerance(runs):
     assert _worst(_weights(runs["mirrored"]), _weights(runs["single"])) < 0.5
 
 
-@pytest.mark.parametrize("name", ["mirrored", "1f1b", "tp2", "pp2tp2"])
+@pytest.mark.parametrize("name", ["mirrored", "1f1b", "pp2tp2"])
 def test_mixed_float16_split_transformer_stays_within_float16_rounding(runs, name):
     single = _weights(runs["fp16-single"])
     got = _weights(runs[f"fp16-{name}"])
@@ -163,7 +166,7 @@ def test_saved_split_models_load_with_keras_alone_and_translate_alike(runs):
               "    digits = r.encode(numbers, n)[0]\n"
               "    out[d] = [r.to_text(t) for t in r.greedy_decode(m, digits, n + 1)]\n"
               "print('RESULT', json.dumps(out))\n")
-    dirs = [runs[n] for n in ("single", "stages2", "1f1b", "tp2", "pp2tp2")]
+    dirs = [runs[n] for n in ("single", "stages2", "1f1b", "pp2tp2")]
     proc = run_py(["-c", script, os.path.join(REPO, "recipes"), *dirs], timeout=180)
     assert proc.returncode == 0, tail(proc)
     import json
