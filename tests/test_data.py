@@ -122,3 +122,42 @@ def test_shard_by_rank_slices_every_global_batch_evenly():
         data.prepare(ds, 8, shard_by=(4, 0), training=False)
     with pytest.raises(ConfigError, match="not divisible by num_replicas=3"):
         data.prepare(ds, 8, shard_by=(3, 0))
+
+
+@pytest.mark.parametrize("num_files", [4, 0])
+def test_every_example_is_read_exactly_once_per_epoch_across_two_workers(tmp_path, num_files):
+    """What each worker reads after TensorFlow's auto-sharding of `prepare`'s dataset
+    (the same `auto_shard_dataset` MultiWorkerMirroredStrategy applies): by file with 4
+    TFRecord files for 2 workers, by batch for in-memory data. Together the workers
+    read every example of the epoch once."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import input_ops
+
+    ids = list(range(40))
+    if num_files:
+        paths = []
+        for f in range(num_files):
+            path = str(tmp_path / f"train-{f}.tfrecord")
+            with tf.io.TFRecordWriter(path) as w:
+                for i in ids[f::num_files]:
+                    w.write(tf.train.Example(features=tf.train.Features(feature={
+                        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))
+                    })).SerializeToString())
+            paths.append(path)
+        spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
+        ds = tf.data.TFRecordDataset(paths).map(
+            lambda r: (tf.io.parse_single_example(r, spec)["id"],) * 2)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices((ids, ids))
+    batched = data.prepare(data.Source(ds, num_files), 4, num_workers=2, training=True)
+    policy = batched.options().experimental_distribute.auto_shard_policy
+    assert policy == (tf.data.experimental.AutoShardPolicy.FILE if num_files
+                      else tf.data.experimental.AutoShardPolicy.DATA)
+    seen = []
+    for worker in range(2):
+        shard = input_ops.auto_shard_dataset(batched, 2, worker, 2)
+        mine = [int(i) for x, _ in shard for i in x.numpy()]
+        assert mine, f"worker {worker} read nothing"
+        seen.append(mine)
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == ids
