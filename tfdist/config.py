@@ -74,6 +74,10 @@ OPTIONS: dict[str, Option] = {
                                 "the job ends (0: for ever)", ge=0),
     "grad_compression": Option(adapter_default("grad_compression"), "cast floating gradients for the all-reduce and back "
                                "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS),
+    "bucket_mb": Option(adapter_default("bucket_mb"), "gradient all-reduce buckets of about this "
+                        "many MB, in reverse layer order, each started while the backward pass "
+                        "goes on (multi_worker, shm; 0: one all-reduce after the backward pass)",
+                        ge=0, le=4096),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # With --threads 1 a worker still used ~1.5 cores through the inter-op pool
@@ -286,7 +290,7 @@ def merge(recipe_defaults: Mapping[str, Any], argv: list[str], context: str) -> 
 # setup()'s keywords before they took the command line's names.
 RENAMED = {"timeout_s": "collective_timeout_s"}
 SCRIPT_OPTIONS = ("devices", "threads", "inter_op_threads", "collective",
-                  "collective_timeout_s", "startup_timeout_s", "grad_compression",
+                  "collective_timeout_s", "startup_timeout_s", "grad_compression", "bucket_mb",
                   "microbatches", "schedule", "placement", "stages", "tensor_parallel",
                   "ps_shards", "min_shard_bytes", "tf_logs")
 

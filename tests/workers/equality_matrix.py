@@ -147,13 +147,15 @@ def main(argv=None):
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--variants", default="")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--bucket-mb", type=float, default=None)
     args = parser.parse_args(argv)
 
     import tfdist
 
     dist = tfdist.setup(args.strategy, devices=args.devices, threads=1,
                         microbatches=args.microbatches, schedule=args.schedule,
-                        tensor_parallel=args.tensor_parallel)
+                        tensor_parallel=args.tensor_parallel,
+                        **({} if args.bucket_mb is None else {"bucket_mb": args.bucket_mb}))
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()

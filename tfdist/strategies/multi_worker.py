@@ -20,17 +20,25 @@ import errno
 import socket
 import time
 
+from tfdist import buckets
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
 from tfdist.strategies import Adapter, register
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
 
 
-def communication_options(collective: str, timeout_s: float | None):
+def communication_options(collective: str, timeout_s: float | None, bucket_mb: float = 0.0):
     """CommunicationOptions for MWMS.
 
     A timeout makes a collective whose peer died fail instead of waiting
     forever; MWMS's own health checks then abort the remaining collectives.
+
+    `bucket_mb` becomes `bytes_per_pack`: TensorFlow's `CollectiveAllReduce`
+    then reverses the gradient list (last layer first, the order the backward
+    pass makes them) and launches one all-reduce per pack, each as soon as its
+    own gradients exist, so communication overlaps the rest of the backward
+    pass. With 0 (TensorFlow's default) every gradient goes in one pack, which
+    waits for the whole backward pass.
     """
     import tensorflow as tf
 
@@ -41,7 +49,8 @@ def communication_options(collective: str, timeout_s: float | None):
         raise ConfigError(f"collective must be one of {list(IMPLEMENTATIONS)}. "
                           f"Received: collective={collective!r}.")
     return tf.distribute.experimental.CommunicationOptions(
-        implementation=impl[collective], timeout_seconds=timeout_s or None)
+        implementation=impl[collective], timeout_seconds=timeout_s or None,
+        bytes_per_pack=buckets.bucket_bytes(bucket_mb))
 
 
 def own_address(cluster) -> str | None:
@@ -161,7 +170,8 @@ def build(cluster, options):
     try:
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver,
-            communication_options=communication_options(options.collective, options.timeout_s))
+            communication_options=communication_options(options.collective, options.timeout_s,
+                                                        options.bucket_mb))
     except tf.errors.DeadlineExceededError as e:
         raise PeerLostError(
             f"{cluster.task_type} {cluster.task_index}: the workers did not all register with "
@@ -181,7 +191,8 @@ class MultiWorker(Adapter):
 
     name = "multi_worker"
     portable = True
-    accepts = ("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression")
+    accepts = ("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression",
+               "bucket_mb")
     sync_workers = True
 
     @classmethod

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfdist.buckets import DEFAULT_BUCKET_MB
+
 
 @dataclasses.dataclass(frozen=True)
 class StrategyOptions:
@@ -34,6 +36,10 @@ class StrategyOptions:
             to come up (0: for ever).
         grad_compression: "none", "fp16" or "bf16": gradients cast for the
             all-reduce and back (data-parallel strategies; `tfdist.compression`).
+        bucket_mb: Gradient all-reduce buckets of about this many MB, in
+            reverse layer order, each started as soon as its gradients exist,
+            while the backward pass goes on (multi_worker, shm); 0: one
+            all-reduce after the whole backward pass.
     """
 
     devices: int | None = None
@@ -49,6 +55,7 @@ class StrategyOptions:
     min_shard_bytes: int = 256 << 10
     startup_timeout_s: float = 300.0
     grad_compression: str = "none"
+    bucket_mb: float = DEFAULT_BUCKET_MB
 
 # The options adapters accept (`Adapter.accepts`) -> the StrategyOptions field
 # each fills: the adapters' own section of the configuration.
@@ -57,7 +64,7 @@ OPTION_FIELDS: dict[str, str] = {
     "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
     "microbatches": "microbatches", "schedule": "schedule", "placement": "placement",
     "tensor_parallel": "tensor_parallel", "stages": "stages", "ps_shards": "ps_shards",
-    "min_shard_bytes": "min_shard_bytes"}
+    "min_shard_bytes": "min_shard_bytes", "bucket_mb": "bucket_mb"}
 
 
 def adapter_default(key: str):

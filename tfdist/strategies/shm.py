@@ -41,12 +41,22 @@ def build(cluster, options):
 
 
 class ShmHooks(ProcessReplicaHooks):
-    """The trainer's hooks for shared-memory data parallelism."""
+    """The trainer's hooks for shared-memory data parallelism.
+
+    Args:
+        cluster: The discovered cluster.
+        grad_compression: As `--grad-compression`.
+        bucket_mb: As `--bucket-mb` (overlap buckets; 0: one all-reduce).
+    """
+
+    def __init__(self, cluster, grad_compression: str = "none", bucket_mb: float = 0.0):
+        super().__init__(cluster, grad_compression)
+        self.bucket_mb = bucket_mb
 
     def _distributed(self, optimizer):
         from tfdist.shm import DistributedOptimizer
 
-        return DistributedOptimizer(optimizer)
+        return DistributedOptimizer(optimizer, bucket_mb=self.bucket_mb)
 
     def _all_true(self, flag):
         from tfdist.shm.ops import all_true
@@ -68,7 +78,7 @@ class Shm(Adapter):
 
     name = "shm"
     portable = True
-    accepts = ("collective_timeout_s", "grad_compression")
+    accepts = ("collective_timeout_s", "grad_compression", "bucket_mb")
     process_replicas = True
     sync_workers = True
 
@@ -88,4 +98,4 @@ class Shm(Adapter):
         return build(self.cluster, self.options)
 
     def hooks(self) -> Hooks:
-        return ShmHooks(self.cluster, self.options.grad_compression)
+        return ShmHooks(self.cluster, self.options.grad_compression, self.options.bucket_mb)

@@ -1,0 +1,49 @@
+"""Gradient buckets for an all-reduce that overlaps the backward pass (#31): pure arithmetic.
+
+The backward pass makes gradients in reverse layer order, so the last
+layers' gradients exist while the first layers' are still being computed.
+Reduced in buckets taken from the end of the list, each bucket can start as
+soon as its own gradients exist (as PyTorch DDP's `bucket_cap_mb` and
+TensorFlow's `CommunicationOptions.bytes_per_pack` do), instead of one
+all-reduce waiting for the whole backward pass.
+"""
+
+from __future__ import annotations
+
+# The measured default (docs/benchmarks.md, "Overlap (#31)"): `--bucket-mb`.
+DEFAULT_BUCKET_MB = 4.0
+
+
+def overlap_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Pure function: tensor indices grouped into buckets, in the order to reduce them.
+
+    Args:
+        nbytes: Each tensor's size in bytes, in the model's (forward) order.
+        bucket_bytes: A bucket is closed once it holds at least this many
+            bytes; 0 (or less) puts every tensor in one bucket.
+
+    Returns:
+        Buckets, the one holding the last tensor first; within a bucket the
+        indices ascend. With `bucket_bytes` <= 0: one bucket, [0..n-1] (no
+        overlap: today's single all-reduce). Every index appears once.
+    """
+    n = len(nbytes)
+    if n == 0:
+        return []
+    if bucket_bytes <= 0:
+        return [list(range(n))]
+    buckets, current, used = [], [], 0
+    for i in reversed(range(n)):
+        current.append(i)
+        used += max(0, int(nbytes[i]))
+        if used >= bucket_bytes:
+            buckets.append(sorted(current))
+            current, used = [], 0
+    if current:
+        buckets.append(sorted(current))
+    return buckets
+
+
+def bucket_bytes(bucket_mb: float) -> int:
+    """Pure function: `--bucket-mb` in bytes (MiB, as TensorFlow's bytes_per_pack counts)."""
+    return int(float(bucket_mb) * (1 << 20))
