@@ -24,4 +24,5 @@ SUBCOMMANDS: dict[str, str] = {
     "overhead": "tfdist.bench.overhead",
     "collectives": "tfdist.bench.collectives",
     "comm": "tfdist.bench.comm",
+    "overlap": "tfdist.bench.overlap",
 }
