@@ -29,7 +29,7 @@ import functools
 from tfdist.errors import ConfigError
 from tfdist.model_parallel import graph as graph_lib
 from tfdist.model_parallel import placement as placement_lib
-from tfdist.model_parallel import placed_updates, plan, schedules
+from tfdist.model_parallel import placed_updates, plan, schedules, update_order
 
 
 def _add(a, b):
@@ -231,7 +231,15 @@ def _model_class():
                         variables.append(v)
             order = {id(v): k for k, v in enumerate(self.inner.trainable_variables)}
             pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
+            graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+            # At M = 1 with one copy each gradient comes straight from its stage's
+            # backward; running sums (M > 1, copies) hold a stage's gradients anyway.
+            if graph is not None and m == 1 and n == 1:
+                inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+                update_order.updates_as_gradients_come(
+                    graph, [(g, v.value) for g, v in pairs],
+                    getattr(inner, "_tfdist_update_ops", {}))
             for c in range(1, n):  # every copy goes on from copy 0's updated weights
                 self._assign_from_first(c)
             with tf.device(self.stage_devices[-1]):
