@@ -15,7 +15,8 @@ gradient back across a cut), each stage's actions in the schedule's order
 running sum as its backward produces them (every schedule runs a stage's
 backwards in micro-batch order, so the sum is in micro-batch order), and the
 sums are applied once per batch. With M = 1 it is naive model parallelism
-(one stage busy at a time).
+(one stage busy at a time), and each variable's update runs as soon as its
+gradient exists (`update_order`), so a stage never holds all its gradients.
 
 Equality with unsplit training: the loss of a batch is the mean of the equal
 micro-batches' mean losses, so each micro-batch's loss is scaled by 1/M and
@@ -235,11 +236,12 @@ def _model_class():
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
             # At M = 1 with one copy each gradient comes straight from its stage's
             # backward; running sums (M > 1, copies) hold a stage's gradients anyway.
+            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+            update_ops = getattr(inner, "_tfdist_update_ops", {})
             if graph is not None and m == 1 and n == 1:
-                inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
                 update_order.updates_as_gradients_come(
-                    graph, [(g, v.value) for g, v in pairs],
-                    getattr(inner, "_tfdist_update_ops", {}))
+                    graph, [(g, v.value) for g, v in pairs], update_ops)
+            update_ops.clear()  # this trace's ops: not kept alive past it
             for c in range(1, n):  # every copy goes on from copy 0's updated weights
                 self._assign_from_first(c)
             with tf.device(self.stage_devices[-1]):
