@@ -3,7 +3,9 @@
 model_parallel_mlp (3 hidden Dense layers + logits, 4 layers with weights)
 trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches),
 4 stage processes (1F1B, 4 micro-batches) and 2 data-parallel copies of 2
-stages (4 processes) each end with the weights of one process (rtol 1e-5). The chief holds stage 0 and drives the run; the
+stages (4 processes) each end with the weights of one process (rtol 1e-5); under
+mixed_float16 (one epoch) 2 stage processes at M = 1 end with one process's weights
+to the bit. The chief holds stage 0 and drives the run; the
 placement table, read from the variables, shows every other stage's weights
 on its own task. The saved model is the plain, unsplit Keras model.
 
