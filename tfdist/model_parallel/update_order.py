@@ -5,9 +5,9 @@ backward pass. Nothing in the graph makes a stage's backward wait for the
 updates, so the executor is free to compute many of the stage's gradients
 before it gets to their updates, all alive at once (#29).
 
-`updates_as_gradients_come` adds control edges to a traced train step: the
-op making a stage's next gradient (in the order the backward makes them)
-waits for the previous gradient's update. Only the order of execution
+`updates_as_gradients_come` adds control edges to a traced train step: on
+each device, the op making the next gradient (in the order the backward
+makes them) waits for the previous gradient's update. Only the order of execution
 changes: every op computes what it did, so the math is the same to the bit.
 An edge that would close a cycle is not added: under global-norm clipping or
 a loss scale's finite check every update needs every gradient, and nothing
@@ -43,7 +43,7 @@ def updates_as_gradients_come(graph, pairs, update_ops: dict) -> int:
             loss scale's cond, has none here).
 
     Returns:
-        How many control edges were added.
+        How many gradients were made to wait for an update.
     """
     by_device = {}
     for g, v in pairs:
