@@ -48,7 +48,7 @@ def test_a_stage_sums_each_micro_batchs_gradients_before_its_next_backward(sched
 
 
 def _traced(microbatches, **optimizer):
-    """A 3-Dense model split in 2 stages (one device), compiled with Adam: its train step's graph."""
+    """A 3-Dense model in 2 stages (one device) under Adam: its train step's graph."""
     import keras
     import tensorflow as tf
 
