@@ -3,7 +3,9 @@
 model_parallel_mlp (3 hidden Dense layers + logits, 4 layers with weights)
 trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches),
 4 stage processes (1F1B, 4 micro-batches) and 2 data-parallel copies of 2
-stages (4 processes) each end with the weights of one process (rtol 1e-5). The chief holds stage 0 and drives the run; the
+stages (4 processes) each end with the weights of one process (rtol 1e-5); under
+mixed_float16 (one epoch) 2 stage processes at M = 1 end with one process's weights
+to the bit. The chief holds stage 0 and drives the run; the
 placement table, read from the variables, shows every other stage's weights
 on its own task. The saved model is the plain, unsplit Keras model.
 
@@ -36,10 +38,15 @@ ARGS = ["model_parallel_mlp", "--seed", "0", "--deterministic",
         "--hidden-units", "64", "--optimizer", "adam", "--learning-rate", "0.003",
         "--verbose", "0", "--threads", "1", "--save-every-steps", "5", "--epochs", "2"]
 PIPELINE = ["--strategy", "pipeline", "--devices", "0"]  # the recipe's 2: one process's
+FP16 = ["--precision", "mixed_float16", "--epochs", "1"]
 RUNS = {"single": (1, ["--strategy", "single"]),
         "two": (2, [*PIPELINE, "--microbatches", "2"]),
         "four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "1f1b"]),
-        "hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2"])}
+        "hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2"]),
+        # mixed_float16, one epoch: one process, and 2 stage processes with M = 1 (the
+        # same batch through the same float16 ops, so the same weights to the bit).
+        "single_fp16": (1, ["--strategy", "single", *FP16]),
+        "two_fp16": (2, [*PIPELINE, "--microbatches", "1", *FP16])}
 
 
 def _weights(dump):
@@ -60,7 +67,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, (n, extra) in RUNS.items():
         dump, model_dir = str(tmp / name / "dump"), str(tmp / name / "model")
-        command = [DUMP, dump, *ARGS, *extra, "--model-dir", model_dir]
+        command = [DUMP, dump, *override(ARGS, *extra), "--model-dir", model_dir]
         if n > 1:
             command = ["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--",
                        sys.executable, *command]
@@ -75,6 +82,18 @@ def test_stage_processes_end_with_one_process_weights(runs, name):
     single = runs["single"][0]
     for a, b in zip(runs[name][0], single):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_stage_processes_under_mixed_float16_end_with_one_process_weights_to_the_bit(runs):
+    # The loss scale's unscale and finite check run on each stage's task
+    # (placed_updates): the same ops in the same order as Keras's, and with M = 1
+    # each stage sees the one-process batch, so nothing may differ in any bit.
+    assert "precision=mixed_float16" in runs["two_fp16"][2].stdout
+    for a, b in zip(runs["two_fp16"][0], runs["single_fp16"][0]):
+        np.testing.assert_array_equal(a, b)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(runs["two_fp16"][0],
+                                                           runs["single"][0]))
+    assert moved > 0  # float16 trained, not float32
 
 
 def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(runs):

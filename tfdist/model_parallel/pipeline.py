@@ -15,7 +15,8 @@ gradient back across a cut), each stage's actions in the schedule's order
 running sum as its backward produces them (every schedule runs a stage's
 backwards in micro-batch order, so the sum is in micro-batch order), and the
 sums are applied once per batch. With M = 1 it is naive model parallelism
-(one stage busy at a time).
+(one stage busy at a time), and each variable's update runs as soon as its
+gradient exists (`update_order`), so a stage never holds all its gradients.
 
 Equality with unsplit training: the loss of a batch is the mean of the equal
 micro-batches' mean losses, so each micro-batch's loss is scaled by 1/M and
@@ -29,7 +30,7 @@ import functools
 from tfdist.errors import ConfigError
 from tfdist.model_parallel import graph as graph_lib
 from tfdist.model_parallel import placement as placement_lib
-from tfdist.model_parallel import plan, schedules
+from tfdist.model_parallel import placed_updates, plan, schedules, update_order
 
 
 def _add(a, b):
@@ -47,72 +48,6 @@ def _add(a, b):
 def _dense(t):
     """A tensor a control dependency can name (an IndexedSlices' values)."""
     return getattr(t, "values", t)
-
-
-def _update_where_the_variable_lives(optimizer) -> None:
-    """Runs each variable's update (say, Adam's moment arithmetic) on that variable's device.
-
-    Keras's TensorFlow optimizer places no update (the default strategy's
-    `extended.update` sets no device), so every update ran on the device of the
-    caller: with stages in other processes, each of their gradients and slots
-    travelled to the chief and back, and the chief's memory grew with the whole
-    model's. Wraps the optimizer's `update_step`, its one-replica all-reduce
-    and its global-norm clipping once; the math is unchanged.
-    """
-    import keras
-    import tensorflow as tf
-
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
-    if getattr(inner, "_tfdist_placed_updates", False):
-        return
-    update = inner.update_step
-
-    def placed(gradient, variable, learning_rate):
-        # Keras hands over its variables' tf.Variables (`.value` would be a method).
-        held = variable.value if isinstance(variable, keras.Variable) else variable
-        with tf.device(held.device):
-            return update(gradient, variable, learning_rate)
-
-    all_reduce = inner._all_reduce_sum_gradients
-
-    def one_replica(grads_and_vars):
-        # One replica has nothing to sum, but the default strategy's all_reduce
-        # still passes every gradient through an IdentityN with no device, which
-        # put each stage's gradients on the caller's device and back.
-        if tf.distribute.get_strategy().num_replicas_in_sync == 1:
-            return list(grads_and_vars)
-        return all_reduce(grads_and_vars)
-
-    clip = type(inner)._clip_gradients  # Keras's, with tfdist's sparse-duplicates fix
-
-    def placed_clip(grads):
-        # Keras's clip_by_global_norm (the same ops, in the same order), with each
-        # gradient's square-sum and its scaling on the gradient's device: Keras's own
-        # places neither, so every stage's gradients went to the caller and back.
-        if (inner.clipnorm or not inner.global_clipnorm
-                or any(isinstance(g, tf.IndexedSlices) for g in grads)):
-            return clip(inner, grads)
-        from keras import ops
-
-        squared = []
-        for g in grads:
-            if g is not None:
-                with tf.device(g.device):
-                    squared.append(ops.sum(ops.square(g)))
-        use_norm = ops.sqrt(ops.sum(ops.stack(squared)))
-        clip_norm = inner.global_clipnorm
-        scale_for_finite = clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm)
-        scale = scale_for_finite + (use_norm - use_norm)
-        out = []
-        for g in grads:
-            with tf.device(None if g is None else g.device):
-                out.append(None if g is None else g * scale)
-        return out
-
-    inner.update_step = placed
-    inner._all_reduce_sum_gradients = one_replica
-    inner._clip_gradients = placed_clip
-    inner._tfdist_placed_updates = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,7 +145,7 @@ def _model_class():
                     variables (LAMB, Adafactor, Muon), with tensor-parallel layers.
             """
             super().compile(*args, **kwargs)
-            _update_where_the_variable_lives(self.optimizer)
+            placed_updates.place(self.optimizer)
             from tfdist.model_parallel import tensor_parallel
 
             tensor_parallel.check_optimizer(self.optimizer, self.pipeline_layers)
@@ -297,7 +232,16 @@ def _model_class():
                         variables.append(v)
             order = {id(v): k for k, v in enumerate(self.inner.trainable_variables)}
             pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
+            graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+            # At M = 1 with one copy each gradient comes straight from its stage's
+            # backward; running sums (M > 1, copies) hold a stage's gradients anyway.
+            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+            update_ops = getattr(inner, "_tfdist_update_ops", {})
+            if graph is not None and m == 1 and n == 1:
+                update_order.updates_as_gradients_come(
+                    graph, [(g, v.value) for g, v in pairs], update_ops)
+            update_ops.clear()  # this trace's ops: not kept alive past it
             for c in range(1, n):  # every copy goes on from copy 0's updated weights
                 self._assign_from_first(c)
             with tf.device(self.stage_devices[-1]):
