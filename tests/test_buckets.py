@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfdist.buckets import bucket_bytes, overlap_buckets
+from tfdist.buckets import ENGINE_DEFAULT, bucket_bytes, overlap_buckets, resolve
 
 
 def test_zero_is_one_bucket_in_the_models_order():
@@ -34,3 +34,11 @@ def test_megabytes_are_tensorflows_bytes_per_pack():
     assert bucket_bytes(4) == 4 << 20
     assert bucket_bytes(0.001) == 1048
     assert bucket_bytes(0) == 0
+
+
+def test_the_default_is_each_engines_measured_size_and_other_negatives_are_refused():
+    assert resolve(ENGINE_DEFAULT, "multi_worker") == 4.0
+    assert resolve(ENGINE_DEFAULT, "shm") == 0.0
+    assert resolve(2, "shm") == 2.0 and resolve(0, "multi_worker") == 0.0
+    with pytest.raises(ValueError, match=r"Received: --bucket-mb -0.5"):
+        resolve(-0.5, "shm")

@@ -10,8 +10,13 @@ all-reduce waiting for the whole backward pass.
 
 from __future__ import annotations
 
-# The measured default (docs/benchmarks.md, "Overlap (#31)"): `--bucket-mb`.
-DEFAULT_BUCKET_MB = 4.0
+# `--bucket-mb`'s default: each engine's measured one (docs/benchmarks.md, "Overlap (#31)").
+ENGINE_DEFAULT = -1.0
+# multi_worker: 4 MB buckets made steps 1.11-1.13x faster across 2 hosts at 1 Gbit/s
+# and 1.12x on one host (wide_mlp). shm: buckets were 0.95-0.98x on one host with
+# pinned cores: its all-reduce is work on the training's own cores, with nothing
+# (no wire) to hide behind, and each bucket adds a Python call and two barriers.
+ENGINE_DEFAULTS_MB = {"multi_worker": 4.0, "shm": 0.0}
 
 
 def overlap_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
@@ -42,6 +47,20 @@ def overlap_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
     if current:
         buckets.append(sorted(current))
     return buckets
+
+
+def resolve(bucket_mb: float, engine: str) -> float:
+    """Pure function: the bucket size in MB `engine` uses for `--bucket-mb bucket_mb`.
+
+    Raises:
+        ValueError: for a negative size other than -1 (the engine's default).
+    """
+    if bucket_mb == ENGINE_DEFAULT:
+        return ENGINE_DEFAULTS_MB[engine]
+    if bucket_mb < 0:
+        raise ValueError(f"--bucket-mb takes a size in MB >= 0 (0: one all-reduce), or -1 for "
+                         f"the engine's default. Received: --bucket-mb {bucket_mb:g}.")
+    return float(bucket_mb)
 
 
 def bucket_bytes(bucket_mb: float) -> int:

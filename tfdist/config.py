@@ -75,9 +75,9 @@ OPTIONS: dict[str, Option] = {
     "grad_compression": Option(adapter_default("grad_compression"), "cast floating gradients for the all-reduce and back "
                                "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS),
     "bucket_mb": Option(adapter_default("bucket_mb"), "gradient all-reduce buckets of about this "
-                        "many MB, in reverse layer order, each started while the backward pass "
-                        "goes on (multi_worker, shm; 0: one all-reduce after the backward pass)",
-                        ge=0, le=4096),
+                        "many MB, from the last layer back, each started while the backward pass "
+                        "goes on (0: one all-reduce after the backward pass; -1: the engine's "
+                        "measured default, multi_worker 4, shm 0)", ge=-1, le=4096),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # With --threads 1 a worker still used ~1.5 cores through the inter-op pool

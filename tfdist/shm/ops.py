@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfdist import allreduce_optimizer
-from tfdist.buckets import DEFAULT_BUCKET_MB, bucket_bytes as _bytes_of, overlap_buckets
+from tfdist.buckets import bucket_bytes as _bytes_of, overlap_buckets
 from tfdist.shm import runtime
 from tfdist.shm.comm import disjoint, fusion_buckets
 
@@ -139,7 +139,7 @@ class _GradientAllreduce:
 
 
 def DistributedOptimizer(optimizer, *, backward_passes_per_step: int = 1,
-                         compression: str = "none", bucket_mb: float = DEFAULT_BUCKET_MB):
+                         compression: str = "none", bucket_mb: float = 0.0):
     """Wraps a Keras 3 optimizer so gradients are averaged across the shm ranks first.
 
     Compile the model with `jit_compile=False`: the allreduce is a
@@ -153,8 +153,9 @@ def DistributedOptimizer(optimizer, *, backward_passes_per_step: int = 1,
             for the all-reduce and back (see `tfdist.compression`).
         bucket_mb: All-reduce the gradients in buckets of about this many MB,
             the last layers' first, each as soon as its gradients exist, so
-            communication overlaps the backward pass; 0: one all-reduce after
-            it (see `allreduce`).
+            communication overlaps the backward pass; 0 (the default, measured
+            faster on one host: docs/benchmarks.md): one all-reduce after it
+            (see `allreduce`).
 
     Returns:
         The distributed optimizer (see `tfdist.allreduce_optimizer.wrap`).

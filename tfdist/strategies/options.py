@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfdist.buckets import DEFAULT_BUCKET_MB
+from tfdist.buckets import ENGINE_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,8 @@ class StrategyOptions:
         bucket_mb: Gradient all-reduce buckets of about this many MB, in
             reverse layer order, each started as soon as its gradients exist,
             while the backward pass goes on (multi_worker, shm); 0: one
-            all-reduce after the whole backward pass.
+            all-reduce after the whole backward pass; -1: the engine's measured
+            default (`tfdist.buckets.ENGINE_DEFAULTS_MB`).
     """
 
     devices: int | None = None
@@ -55,7 +56,7 @@ class StrategyOptions:
     min_shard_bytes: int = 256 << 10
     startup_timeout_s: float = 300.0
     grad_compression: str = "none"
-    bucket_mb: float = DEFAULT_BUCKET_MB
+    bucket_mb: float = ENGINE_DEFAULT
 
 # The options adapters accept (`Adapter.accepts`) -> the StrategyOptions field
 # each fills: the adapters' own section of the configuration.

@@ -89,6 +89,13 @@ class Shm(Adapter):
     @classmethod
     def check_config(cls, settings, cluster):
         super().check_config(settings, cluster)
+        from tfdist import buckets
+        from tfdist.errors import ConfigError
+
+        try:
+            buckets.resolve(settings.adapter.bucket_mb, "shm")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if cluster.is_multi_worker:
             from tfdist.shm import runtime
 
@@ -98,4 +105,7 @@ class Shm(Adapter):
         return build(self.cluster, self.options)
 
     def hooks(self) -> Hooks:
-        return ShmHooks(self.cluster, self.options.grad_compression, self.options.bucket_mb)
+        from tfdist import buckets
+
+        return ShmHooks(self.cluster, self.options.grad_compression,
+                        buckets.resolve(self.options.bucket_mb, "shm"))
