@@ -25,7 +25,7 @@ from tfdist.strategies.devices import configure_runtime
 configure_runtime(cpu_devices=2)
 import keras, tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops, collective_util
-from tfdist.buckets import bucket_bytes
+from tfdist.model_parallel.update_order import ancestors
 from tfdist.strategies.multi_worker import communication_options
 
 devices = ["/cpu:0", "/cpu:1"]
@@ -52,16 +52,7 @@ def trace(mb):
     grads = [graph.get_operation_by_name(n) for n in names]  # replica 0's, layer order
     ops = [o for o in graph.get_operations()
            if o.type == "CollectiveReduceV2" and o.device.endswith("CPU:0")]
-    def before(op):
-        seen, todo = set(), [op]
-        while todo:
-            o = todo.pop()
-            for dep in [t.op for t in o.inputs] + list(o.control_inputs):
-                if dep not in seen:
-                    seen.add(dep)
-                    todo.append(dep)
-        return seen
-    return [[i for i, g in enumerate(grads) if g in before(op)] for op in ops], \
+    return [[i for i, g in enumerate(grads) if g in ancestors([op])] for op in ops], \
         options.bytes_per_pack
 
 print(json.dumps({"packs": trace(0.001 * 16), "one": trace(0)}))

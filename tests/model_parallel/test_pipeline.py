@@ -7,14 +7,9 @@ import pytest
 
 def _ancestors(op):
     """Names of every op `op` waits for (inputs and control inputs, transitively)."""
-    seen, stack = set(), [op]
-    while stack:
-        o = stack.pop()
-        for parent in [t.op for t in o.inputs] + list(o.control_inputs):
-            if parent.name not in seen:
-                seen.add(parent.name)
-                stack.append(parent)
-    return seen
+    from tfdist.model_parallel.update_order import ancestors
+
+    return {o.name for o in ancestors([op])}
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -45,14 +45,9 @@ def traced(monkeypatch):
 
 
 def _ancestors(op):
-    seen, todo = set(), [op]
-    while todo:
-        o = todo.pop()
-        for dep in [t.op for t in o.inputs] + list(o.control_inputs):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
-    return seen
+    from tfdist.model_parallel.update_order import ancestors
+
+    return ancestors([op])
 
 
 def test_buckets_start_before_the_first_layers_gradient_exists(traced):

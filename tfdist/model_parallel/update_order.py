@@ -17,8 +17,15 @@ can run earlier.
 from __future__ import annotations
 
 
-def _ancestors(ops) -> set:
-    """Every op `ops` wait for (inputs and control inputs, transitively)."""
+def ancestors(ops) -> set:
+    """Every op `ops` wait for (inputs and control inputs, transitively).
+
+    Args:
+        ops: Graph operations.
+
+    Returns:
+        The set of operations they depend on, not counting themselves.
+    """
     seen, stack = set(), list(ops)
     while stack:
         op = stack.pop()
@@ -57,7 +64,7 @@ def updates_as_gradients_come(graph, pairs, update_ops: dict) -> int:
             # Its assignments: the update is done when they are.
             writes = [op for op in ops or () if op.graph is graph and op._is_stateful
                       and not op.outputs]
-            if not writes or nxt.op._is_stateful or nxt.op in _ancestors(writes):
+            if not writes or nxt.op._is_stateful or nxt.op in ancestors(writes):
                 continue  # no update here, or it needs the next gradient as well
             for op in writes:
                 nxt.op._add_control_input(op)
