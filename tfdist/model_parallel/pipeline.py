@@ -233,15 +233,19 @@ def _model_class():
             order = {id(v): k for k, v in enumerate(self.inner.trainable_variables)}
             pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-            self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
             # At M = 1 with one copy each gradient comes straight from its stage's
             # backward; running sums (M > 1, copies) hold a stage's gradients anyway.
+            # Only then are the updates' ops recorded (placed_updates) and ordered.
+            ordered = graph is not None and m == 1 and n == 1
             inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-            update_ops = getattr(inner, "_tfdist_update_ops", {})
-            if graph is not None and m == 1 and n == 1:
-                update_order.updates_as_gradients_come(
-                    graph, [(g, v.value) for g, v in pairs], update_ops)
-            update_ops.clear()  # this trace's ops: not kept alive past it
+            inner._tfdist_update_ops = {} if ordered else None
+            try:
+                self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+                if ordered:
+                    update_order.updates_as_gradients_come(
+                        graph, [(g, v.value) for g, v in pairs], inner._tfdist_update_ops)
+            finally:
+                inner._tfdist_update_ops = None  # this trace's ops: not kept alive past it
             for c in range(1, n):  # every copy goes on from copy 0's updated weights
                 self._assign_from_first(c)
             with tf.device(self.stage_devices[-1]):

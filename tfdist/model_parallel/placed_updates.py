@@ -46,12 +46,15 @@ def _place_updates(inner) -> None:
     def placed(gradient, variable, learning_rate):
         # Keras hands over its variables' tf.Variables (`.value` would be a method).
         held = variable.value if isinstance(variable, keras.Variable) else variable
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        # For update_order, when the pipeline asks (a dict): this variable's update ops.
+        record = inner._tfdist_update_ops
+        graph = None if record is None or tf.executing_eagerly() else (
+            tf.compat.v1.get_default_graph())
         first = len(graph.get_operations()) if graph is not None else 0
         with tf.device(held.device):
             result = update(gradient, variable, learning_rate)
-        if graph is not None:  # for update_order: the ops of this variable's update
-            inner._tfdist_update_ops[id(held)] = graph.get_operations()[first:]
+        if graph is not None:
+            record[id(held)] = graph.get_operations()[first:]
         return result
 
     all_reduce = inner._all_reduce_sum_gradients
@@ -90,7 +93,7 @@ def _place_updates(inner) -> None:
         return out
 
     inner.update_step = placed
-    inner._tfdist_update_ops = {}
+    inner._tfdist_update_ops = None  # a dict while the pipeline records (update_order)
     inner._all_reduce_sum_gradients = one_replica
     inner._clip_gradients = placed_clip
     inner._tfdist_placed_updates = True
