@@ -10,6 +10,8 @@ all-reduce waiting for the whole backward pass.
 
 from __future__ import annotations
 
+from tfdist.errors import ConfigError
+
 # `--bucket-mb`'s default: each engine's measured one (docs/benchmarks.md, "Overlap (#31)").
 ENGINE_DEFAULT = -1.0
 # multi_worker: 4 MB buckets made steps 1.11-1.13x faster across 2 hosts at 1 Gbit/s
@@ -53,12 +55,13 @@ def resolve(bucket_mb: float, engine: str) -> float:
     """Pure function: the bucket size in MB `engine` uses for `--bucket-mb bucket_mb`.
 
     Raises:
-        ValueError: for a negative size other than -1 (the engine's default).
+        ConfigError: for a negative size other than -1 (the engine's default);
+            the adapters' `check_config` calls this before TensorFlow starts.
     """
     if bucket_mb == ENGINE_DEFAULT:
         return ENGINE_DEFAULTS_MB[engine]
     if bucket_mb < 0:
-        raise ValueError(f"--bucket-mb takes a size in MB >= 0 (0: one all-reduce), or -1 for "
+        raise ConfigError(f"--bucket-mb takes a size in MB >= 0 (0: one all-reduce), or -1 for "
                          f"the engine's default. Received: --bucket-mb {bucket_mb:g}.")
     return float(bucket_mb)
 

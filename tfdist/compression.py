@@ -43,6 +43,12 @@ def check(name: str) -> str:
     return name
 
 
+def wire_bytes(nbytes: int, name: str) -> int:
+    """Pure function: bytes float32 gradients of `nbytes` put on the wire under `name`
+    (the 2-byte wire types halve them)."""
+    return nbytes // 2 if check(name) != "none" else nbytes
+
+
 def compress(grads: list, name: str) -> tuple[list, list]:
     """Casts floating gradients wider than the wire type; returns them and the dtypes to restore.
 

@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from tfdist import compression
 from tfdist.bench import overlap
 
 
@@ -16,8 +17,8 @@ def test_configurations_give_horovod_one_row_per_compression():
                    ("horovod", "none", None), ("horovod", "fp16", None)]
     assert overlap.config_name("multi_worker", "fp16", 4.0) == "multi_worker+fp16 @4MB"
     assert overlap.config_name("horovod", "none", None) == "horovod"
-    assert overlap.wire_bytes(18_926_000, "fp16") == 9_463_000
-    assert overlap.wire_bytes(18_926_000, "none") == 18_926_000
+    assert compression.wire_bytes(18_926_000, "fp16") == 9_463_000
+    assert compression.wire_bytes(18_926_000, "none") == 18_926_000
 
 
 def test_summary_is_against_the_longer_of_compute_and_all_reduce():
@@ -40,7 +41,7 @@ def _args(**kw):
 @pytest.mark.parametrize("kw, message", [
     ({"engines": "nccl"}, "--engines takes"), ({"buckets": "a"}, "--buckets takes"),
     ({"buckets": "-1"}, "--buckets needs values >= 0"), ({"workers": 1}, "-n >= 2"),
-    ({"rate": "1gbit"}, "needs --hosts")])
+    ({"rate": "1gbit"}, "needs --hosts"), ({"grad_compression": "int8"}, "--grad-compression takes")])
 def test_bad_flags_are_refused_before_anything_runs(kw, message):
     with pytest.raises(SystemExit, match=message):
         overlap.run(_args(**kw))

@@ -30,6 +30,7 @@ import contextlib
 import statistics
 
 from tfdist.bench import allreduce, on_hosts, runs, scaling
+from tfdist.compression import NAMES, wire_bytes
 
 DESCRIPTION = ("all-reduce overlapped with the backward pass: step vs max(compute, "
                "all-reduce) per engine, bucket size and compression")
@@ -88,11 +89,6 @@ def config_name(engine: str, compression: str, bucket: float | None) -> str:
     return name if bucket is None else f"{name} @{bucket:g}MB"
 
 
-def wire_bytes(grad_bytes: int, compression: str) -> int:
-    """Pure function: bytes each all-reduce moves per step: 2-byte types halve float32's."""
-    return grad_bytes // 2 if compression != "none" else grad_bytes
-
-
 def summarize(compute_s: list[float], allreduce_s: list[float], step_s: list[float],
               base_step_s: list[float] | None) -> dict:
     """Pure function: one configuration's row from its per-repeat times (seconds).
@@ -134,6 +130,9 @@ def run(args) -> dict:
     if bad or not engines:
         raise SystemExit(f"error: --engines takes a comma-separated list from {list(ENGINES)}. "
                          f"Received: {args.engines!r}.")
+    if not compressions or any(c not in NAMES for c in compressions):
+        raise SystemExit(f"error: --grad-compression takes a comma-separated list from "
+                         f"{list(NAMES)}. Received: {args.grad_compression!r}.")
     if not buckets or any(b < 0 for b in buckets):
         raise SystemExit(f"error: --buckets needs values >= 0. Received: {args.buckets!r}.")
     if 0.0 not in buckets:

@@ -462,7 +462,7 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                     curve.update(_against_control(curve, tries[(strategy, comp)], control,
                                                   control_tries, repeats))
                 if link:
-                    wire = grad_bytes * (0.5 if comp != "none" else 1.0)
+                    wire = compression_lib.wire_bytes(grad_bytes, comp)
                     batches = [p["global_batch_size"] // k for p, k in zip(points, counts)]
                     pred = predicted_steps(points[0]["step_s"], batches, counts, wire, link)
                     curve.update(

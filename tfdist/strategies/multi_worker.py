@@ -53,14 +53,6 @@ def communication_options(collective: str, timeout_s: float | None, bucket_mb: f
         bytes_per_pack=buckets.bucket_bytes(bucket_mb))
 
 
-def _check_buckets(bucket_mb: float) -> None:
-    """Refuses a negative --bucket-mb other than -1, before TensorFlow starts."""
-    try:
-        buckets.resolve(bucket_mb, "multi_worker")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
 def own_address(cluster) -> str | None:
     """'host:port' this task's TensorFlow server will listen on, if known."""
     spec = (cluster.tf_config or {}).get("cluster", {})
@@ -207,7 +199,7 @@ class MultiWorker(Adapter):
     @classmethod
     def check_config(cls, settings, cluster):
         super().check_config(settings, cluster)
-        _check_buckets(settings.adapter.bucket_mb)
+        buckets.resolve(settings.adapter.bucket_mb, "multi_worker")  # a bad size, refused
         check_own_port(cluster)  # a busy port, before TensorFlow starts
 
     def startup_note(self):

@@ -90,12 +90,8 @@ class Shm(Adapter):
     def check_config(cls, settings, cluster):
         super().check_config(settings, cluster)
         from tfdist import buckets
-        from tfdist.errors import ConfigError
 
-        try:
-            buckets.resolve(settings.adapter.bucket_mb, "shm")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        buckets.resolve(settings.adapter.bucket_mb, "shm")  # a bad size, refused
         if cluster.is_multi_worker:
             from tfdist.shm import runtime
 
