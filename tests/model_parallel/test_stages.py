@@ -114,6 +114,14 @@ def test_a_step_is_overdue_after_the_timeout_and_never_without_one():
     assert not stages.step_overdue(10**6, 100.0, 0)
 
 
+def test_stage_tasks_get_two_inter_op_threads_even_on_one_core_unless_asked():
+    # One thread queues each forward's send behind the stage's next forwards.
+    assert stages.inter_op_threads(0, 1) == 2
+    assert stages.inter_op_threads(0, 16) == 16
+    assert stages.inter_op_threads(1, 1) == 1  # --inter-op-threads 1 is kept
+    assert stages.inter_op_threads(3, 16) == 3
+
+
 def test_the_hung_stage_is_the_first_other_task_that_does_not_answer_an_op():
     cluster = launched(3)
     asked = []

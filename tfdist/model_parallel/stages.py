@@ -11,7 +11,8 @@ and serve until the chief has gone (`tfdist.ps.server`).
 
 Measured on this machine (TF 2.21): a stage's backward must be computed under
 its own device (`PipelineModel` keeps a tape per stage), or every gradient op
-runs on the client. No transport of tfdist's own.
+runs on the client; and a stage task needs two inter-op threads even on one
+core (`inter_op_threads`). No transport of tfdist's own.
 
 Pure functions here, and `connect` / `serve`, which import TensorFlow when called.
 """
@@ -264,14 +265,49 @@ def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
     return StageWatchdog()
 
 
+MIN_INTER_OP_THREADS = 2
+
+
+def inter_op_threads(requested: int, cpus: int) -> int:
+    """Pure function: the inter-op threads of a pipeline's tasks.
+
+    At least two, even on one core (a task bound to a core, a Slurm task with one
+    CPU). When an op finishes, TensorFlow's executor runs one expensive ready
+    successor on the same thread and queues the others to the inter-op pool
+    (`ExecutorState::ScheduleReady`; a `_Send` counts as expensive). A stage's
+    next forward waits for its last one by a control edge, which the executor
+    visits after the data edge to the `_Send`, so the next forward ran on and
+    the send waited in the queue: with one thread, every micro-batch's send to
+    the next stage waited until the stage's last forward had run, and stage 1
+    started after stage 0's eighth forward instead of its first (a per-op
+    timeline of both tasks, 2 stage processes on a core each, M = 8). The
+    chief's setting reaches every stage task: TensorFlow starts their eager
+    contexts with its session config (a second thread appeared in stage 1's
+    timeline too).
+
+    Args:
+        requested: `--inter-op-threads` (0: not given); kept when given.
+        cpus: The cores this process may run on.
+    """
+    if requested:
+        return requested
+    return max(MIN_INTER_OP_THREADS, cpus)
+
+
 def connect(cluster, startup_timeout_s: float) -> None:
     """Joins the chief to the stage tasks' servers as task 0 (before any op).
+
+    Also gives every task at least two inter-op threads (`inter_op_threads`),
+    unless `--inter-op-threads` was given.
 
     Raises:
         ClusterError: when a stage task does not come up in time.
     """
     import tensorflow as tf
 
+    threads = tf.config.threading
+    threads.set_inter_op_parallelism_threads(inter_op_threads(
+        threads.get_inter_op_parallelism_threads(), len(os.sched_getaffinity(0))))
     addresses = cluster.worker_addresses
     wait_for([a for i, a in enumerate(addresses) if i != cluster.worker_index],
              startup_timeout_s)
