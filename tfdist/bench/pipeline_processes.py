@@ -23,6 +23,10 @@ the chief (task 0) holding stage 0 and driving the run. Three parts:
   peak, on a model whose activations outweigh its weights (narrow layers, a
   large batch). A stage holds M micro-batches' activations under GPipe and at
   most P - s under 1F1B (`schedules.peak_in_flight`).
+- timeline: the time part's pipeline run once with every task traced by
+  TensorFlow's profiler (`tfdist.bench.timeline`): each task's busy share of
+  the traced steps and its longest idle gaps, with the ops either side (not in
+  the default parts: it is a diagnosis, not a figure).
 
 Every figure is a single machine's, with the load average at each run beside it.
 """
@@ -42,7 +46,8 @@ from tfdist.bench import memory, runs
 
 DESCRIPTION = ("pipeline stages in processes: per-process peak memory, pinned step time vs "
                "GPipe's ideal, GPipe vs 1F1B memory")
-PARTS = ("memory", "time", "schedule")
+PARTS = ("memory", "time", "schedule", "timeline")
+DEFAULT_PARTS = PARTS[:3]
 # 12 Dense 4096x4096 layers (and the 64-input first layer): 0.81 GB of weights, 2.4 GB with
 # Adam's slots; 12 equal layers split evenly over 2 and 4 stages.
 MEMORY_MODEL = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
@@ -60,8 +65,9 @@ MIB = memory.MB
 
 def add_arguments(parser):
     """Flags of this benchmark."""
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                        help=f"comma-separated, of {', '.join(PARTS)} (default: "
+                             f"{','.join(DEFAULT_PARTS)})")
     parser.add_argument("--memory-stages", default="1,2,4",
                         help="stage processes P (1: one process, --strategy single)")
     parser.add_argument("--memory-microbatches", default="1,4",
@@ -83,6 +89,11 @@ def add_arguments(parser):
     parser.add_argument("--schedule-microbatches", type=int, default=8,
                         help="M of the schedule part")
     parser.add_argument("--schedule-steps", type=int, default=3, help="training steps per run")
+    parser.add_argument("--timeline-ms", type=int, default=2000,
+                        help="timeline part: milliseconds traced, after the warm-up")
+    parser.add_argument("--timeline-dir", default="",
+                        help="timeline part: keep the XPlane files here (default: a "
+                             "temporary directory, removed)")
     parser.add_argument("--interval", type=float, default=0.05,
                         help="seconds between memory samples")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
@@ -134,7 +145,8 @@ def _parse_ints(text: str) -> list[int]:
 
 
 def _run(argv: list[str], tasks: int, timeout_s: float, interval_s: float, *,
-         bind: str = "none", share: str | None = None, warmup: int = 1) -> dict:
+         bind: str = "none", share: str | None = None, warmup: int = 1,
+         env: dict | None = None) -> dict:
     """One training job of `tasks` processes (1: no launcher); its result line and memory.
 
     Raises:
@@ -153,7 +165,7 @@ def _run(argv: list[str], tasks: int, timeout_s: float, interval_s: float, *,
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=runs.REPO, env=runs.child_env(
-                                    {"TFDIST_BENCH_WARMUP_STEPS": str(warmup)}))
+                                    {"TFDIST_BENCH_WARMUP_STEPS": str(warmup), **(env or {})}))
         sampler = memory.Sampler(proc.pid, tasks, interval_s)
         with sampler:
             try:
@@ -264,6 +276,30 @@ def _schedule(args) -> dict:
             "gpipe_minus_1f1b_bytes": saved}
 
 
+def _timeline(args) -> dict:
+    from tfdist.bench import timeline
+
+    p, m = args.time_stages, args.time_microbatches
+    logdir = args.timeline_dir or tempfile.mkdtemp(prefix="tfdist-bench-timeline-")
+    # Enough steps to outlast the trace at this machine's slowest (about 0.4 s a step).
+    steps = args.warmup + 2 + max(10, int(args.timeline_ms / 1000 * 3) + 5)
+    argv = [*_recipe_args(args.time_model, steps), "--threads", "1", "--microbatches", str(m),
+            "--strategy", "pipeline", "--schedule", "gpipe", "--devices", "0"]
+    print(f"pipeline-processes: timeline P={p} M={m}", file=sys.stderr, flush=True)
+    try:
+        point = _run(argv, p, args.timeout, args.interval, bind="cores", warmup=args.warmup,
+                     env={timeline.ENV: f"{args.warmup + 2},{args.timeline_ms},{logdir}"})
+        ops, steps_ms = timeline.read(logdir)
+    finally:
+        if not args.timeline_dir:
+            shutil.rmtree(logdir, ignore_errors=True)
+    summary = timeline.summarize(ops, steps_ms)
+    return {"model": args.time_model, "stages": p, "microbatches": m,
+            "ideal_busy": 1 / (m + p - 1) * m, "median_step_s": point["median_step_s"],
+            "load_avg_1m": point["load_avg_1m"], "summary": summary,
+            "kept": args.timeline_dir or None}
+
+
 def run(args) -> dict:
     """Runs the parts asked for; returns the JSON-able result."""
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
@@ -274,7 +310,8 @@ def run(args) -> dict:
            "load_avg_1m_start": runs.load_average()}
     for part in PARTS:
         if part in parts:
-            out[part] = {"memory": _memory, "time": _time, "schedule": _schedule}[part](args)
+            out[part] = {"memory": _memory, "time": _time, "schedule": _schedule,
+                         "timeline": _timeline}[part](args)
     out["load_avg_1m_end"] = runs.load_average()
     return out
 
@@ -334,12 +371,28 @@ def table(result) -> str:
                              for k, v in s["gpipe_minus_1f1b_bytes"].items()) + "\n" +
                    format_table(["schedule", "task", "in flight", "train peak MiB", "step ms",
                                  "load"], rows))
+    if "timeline" in result:
+        t = result["timeline"]
+        summary = t["summary"]
+        rows = []
+        for task, v in summary["tasks"].items():
+            shares = v["step_busy"]
+            rows.append([task, v["window_busy"], statistics.median(shares) if shares else "-",
+                         "", "", "", ""])
+            for at, gap, before, after in v["median_step_gaps"]:
+                rows.append(["", "", "", f"{at:.1f}", f"{gap:.1f}", before[-60:], after[-60:]])
+        out.append(f"P={t['stages']} M={t['microbatches']} timeline: "
+                   f"{len(summary['steps'])} whole steps traced, median "
+                   f"{summary['median_step_ms'] or 0:.1f} ms; GPipe's ideal busy share "
+                   f"M/(M+P-1) = {t['ideal_busy']:.3f}; the median step's longest gaps\n" +
+                   format_table(["task", "busy (window)", "busy (median step)", "gap at ms",
+                                 "gap ms", "op before", "op after"], rows))
     return "\n\n".join(out)
 
 
 def plot(result, fig):
     """Memory fractions, step times against the ideal, and GPipe vs 1F1B peaks."""
-    parts = [p for p in PARTS if p in result]
+    parts = [p for p in PARTS if p in result and p != "timeline"] or ["timeline"]
     fig.set_size_inches(5 * len(parts) + (4 if "memory" in parts else 0), 5)
     axes = fig.subplots(1, len(parts), squeeze=False, gridspec_kw={
         "width_ratios": [2 if p == "memory" else 1 for p in parts]})[0]
@@ -368,6 +421,18 @@ def plot(result, fig):
                    [v * 1e3 for v in values], color=["C0", "C1", "C2"])
             ax.set_ylabel("step ms")
             ax.set_title(f"M={t['microbatches']}: {t['vs_ideal']:.2f}x the ideal", fontsize=9)
+        elif part == "timeline":
+            if "timeline" not in result:
+                continue
+            t = result["timeline"]
+            tasks = list(t["summary"]["tasks"].items())
+            ax.bar([f"task {k}" for k, _ in tasks],
+                   [statistics.median(v["step_busy"]) if v["step_busy"] else v["window_busy"]
+                    for _, v in tasks])
+            ax.axhline(t["ideal_busy"], color="k", ls="--", lw=1, label="GPipe's ideal")
+            ax.set_ylabel("busy share of a step")
+            ax.set_title(f"timeline, P={t['stages']} M={t['microbatches']}", fontsize=9)
+            ax.legend(fontsize=6)
         else:
             s = result["schedule"]
             names = list(s["runs"])

@@ -7,6 +7,8 @@ Started by the benchmarks under `tfdist.launch` or `horovodrun`.
 `TFDIST_BENCH_START_DIR` and `TFDIST_BENCH_START_PARTIES` (both set, or
 neither) hold each process after its warm-up steps until that many processes
 got there (`timing.start_barrier`): processes training alone, timed together.
+`TFDIST_BENCH_TRACE=STEP,MS,DIR` traces every task of a job once
+(`tfdist.bench.timeline`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ def main(argv: list[str]) -> int:
     warmup = int(os.environ.get("TFDIST_BENCH_WARMUP_STEPS", "3"))
     from tfdist import cluster, train
     from tfdist.run import trainer
-    from tfdist.bench import runs, timing
+    from tfdist.bench import runs, timeline, timing
 
     recipe, cfg = train.parse(argv)
     timer = timing.step_timer()
@@ -28,7 +30,11 @@ def main(argv: list[str]) -> int:
         callbacks.insert(0, timing.start_barrier(os.environ["TFDIST_BENCH_START_DIR"],
                                                  int(os.environ["TFDIST_BENCH_START_PARTIES"]),
                                                  after_steps=warmup))
-    result = trainer.train(recipe, cfg, cluster.detect(), callbacks=callbacks)
+    info = cluster.detect()
+    if os.environ.get(timeline.ENV) and info.num_tasks > 1:
+        callbacks.append(timeline.trace_callback(info.worker_addresses,
+                                                 os.environ[timeline.ENV]))
+    result = trainer.train(recipe, cfg, info, callbacks=callbacks)
     if result.cluster.is_chief:
         m = result.metrics
         step_s = timing.steady_step_s(timer.times, warmup)
