@@ -82,7 +82,8 @@ OPTIONS: dict[str, Option] = {
                       ge=0, le=4096),
     # With --threads 1 a worker still used ~1.5 cores through the inter-op pool
     # (bench scaling); 1 makes it one.
-    "inter_op_threads": Option(0, "inter-op threads per process (0: TensorFlow's choice)",
+    "inter_op_threads": Option(0, "inter-op threads per process (0: TensorFlow's choice; "
+                               "a pipeline's stage tasks take at least 2)",
                                ge=0, le=4096),
     "shuffle_buffer": Option(0, "shuffle buffer in examples (0: no shuffling, keeps runs "
                              "comparable)", ge=0),
