@@ -281,7 +281,7 @@ def _timeline(args) -> dict:
 
     p, m = args.time_stages, args.time_microbatches
     logdir = args.timeline_dir or tempfile.mkdtemp(prefix="tfdist-bench-timeline-")
-    # Enough steps to outlast the trace at this machine's slowest (about 0.4 s a step).
+    # Steps to outlast the trace: 3 a second and 5 more (the time model's take 0.15-0.25 s).
     steps = args.warmup + 2 + max(10, int(args.timeline_ms / 1000 * 3) + 5)
     argv = [*_recipe_args(args.time_model, steps), "--threads", "1", "--microbatches", str(m),
             "--strategy", "pipeline", "--schedule", "gpipe", "--devices", "0"]
