@@ -283,7 +283,7 @@ def inter_op_threads(requested: int, cpus: int) -> int:
     timeline of both tasks, 2 stage processes on a core each, M = 8). The
     chief's setting reaches every stage task: TensorFlow starts their eager
     contexts with its session config (a second thread appeared in stage 1's
-    timeline too).
+    timeline too). tests/integration/test_stage_sends.py shows both, traced.
 
     Args:
         requested: `--inter-op-threads` (0: not given); kept when given.

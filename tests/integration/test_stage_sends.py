@@ -1,0 +1,59 @@
+"""Why a pipeline's stage tasks get two inter-op threads (`stages.inter_op_threads`, #29).
+
+Two stage processes, each bound to its own core (`tfdist.launch --cpu-bind
+cores`), M = 4 micro-batches, every task traced by TensorFlow's profiler
+(`tfdist.bench.timeline`). With one inter-op thread, TensorFlow's executor
+queues each forward's `_Send` behind the stage's next forwards, so stage 1's
+first forward starts only after stage 0's last: the forward is not pipelined
+(the upstream behaviour). With tfdist's default of two, stage 1 computes a
+micro-batch while stage 0 computes the next.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import REPO, clean_env, run_py, tail
+from tfdist.bench import timeline
+
+pytestmark = pytest.mark.integration
+
+# 2 Dense 1024x1024 a stage (each forward ~1 ms on this machine), batch 64, M = 4.
+ARGS = ["model_parallel_mlp", "--hidden-layers", "5", "--hidden-units", "1024",
+        "--global-batch-size", "64", "--epochs", "1", "--steps-per-epoch", "14",
+        "--verbose", "0", "--seed", "0", "--threads", "1", "--strategy", "pipeline",
+        "--devices", "0", "--microbatches", "4"]
+
+
+def _forward(name):
+    return "gradient_tape" not in name and "MatMul" in name.rsplit(":", 1)[1]
+
+
+def _stage1_waits_for_all_of_stage0s_forwards(tmp_path, extra):
+    logdir = str(tmp_path / "trace")
+    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--cpu-bind", "cores", "--timeout", "150",
+                   "--", "python", "-m", "tfdist.bench.train_worker", *ARGS, *extra,
+                   "--model-dir", str(tmp_path / "run")], timeout=200, cwd=REPO,
+                  env=clean_env(**{timeline.ENV: f"5,600,{logdir}",
+                                   "TFDIST_BENCH_WARMUP_STEPS": "3"}))
+    assert proc.returncode == 0, tail(proc)
+    ops, steps = timeline.read(logdir)
+    whole = [(a, b) for a, b in steps if a >= min(s for s, _, _ in ops[1])]
+    assert len(whole) >= 2, (steps, tail(proc))
+    waited = []
+    for a, b in whole[:-1]:
+        ends = [e for s, e, n in ops[0] if a <= s < b and _forward(n)]
+        starts = [s for s, e, n in ops[1] if a <= s < b and _forward(n)]
+        assert len(ends) >= 8 and starts, (len(ends), len(starts))  # 2 layers x 4 each
+        waited.append(min(starts) > max(ends))
+    return waited
+
+
+def test_one_inter_op_thread_holds_every_send_until_the_last_forward_two_do_not(tmp_path):
+    # The upstream behaviour: stage 1 starts after stage 0's last forward, every step.
+    assert all(_stage1_waits_for_all_of_stage0s_forwards(
+        tmp_path / "one", ["--inter-op-threads", "1"]))
+    # tfdist's default (two threads): stage 1 starts while stage 0 still runs forwards.
+    assert not any(_stage1_waits_for_all_of_stage0s_forwards(tmp_path / "default", []))
