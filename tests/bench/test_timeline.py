@@ -36,6 +36,7 @@ def test_summarize_takes_whole_steps_inside_the_window_and_the_median_steps_gaps
     assert out["window_ms"] == 20.0 and out["steps"] == [10.0, 10.0]
     assert out["tasks"][0]["step_busy"] == [0.8, 0.8]
     assert out["tasks"][1]["step_busy"] == [0.15, 0.15]
+    assert out["tasks"][1]["median_step_busy"] == 0.15
     assert out["tasks"][0]["window_busy"] == pytest.approx(16.0 / 20.0)
     # Task 1's gaps in the median (first) step, longest first: before its op, then after.
     assert out["tasks"][1]["median_step_gaps"] == [(0.0, 4.5, "start", "f1_0"),

@@ -11,12 +11,10 @@ micro-batch while stage 0 computes the next.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.conftest import REPO, clean_env, run_py, tail
-from tfdist.bench import timeline
+from tfdist.bench import runs, timeline
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +31,10 @@ def _forward(name):
 
 def _stage1_waits_for_all_of_stage0s_forwards(tmp_path, extra):
     logdir = str(tmp_path / "trace")
-    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--cpu-bind", "cores", "--timeout", "150",
-                   "--", "python", "-m", "tfdist.bench.train_worker", *ARGS, *extra,
-                   "--model-dir", str(tmp_path / "run")], timeout=200, cwd=REPO,
+    cmd = runs.launch_command(2, "tfdist.bench.train_worker",
+                              [*ARGS, *extra, "--model-dir", str(tmp_path / "run")], 150,
+                              cpu_bind="cores")
+    proc = run_py(cmd[1:], timeout=200, cwd=REPO,  # cmd[0] is this Python
                   env=clean_env(**{timeline.ENV: f"5,600,{logdir}",
                                    "TFDIST_BENCH_WARMUP_STEPS": "3"}))
     assert proc.returncode == 0, tail(proc)

@@ -278,13 +278,13 @@ def _schedule(args) -> dict:
 
 def _timeline(args) -> dict:
     from tfdist.bench import timeline
+    from tfdist.model_parallel import plan
 
     p, m = args.time_stages, args.time_microbatches
     logdir = args.timeline_dir or tempfile.mkdtemp(prefix="tfdist-bench-timeline-")
     # Steps to outlast the trace: 3 a second and 5 more (the time model's take 0.15-0.25 s).
     steps = args.warmup + 2 + max(10, int(args.timeline_ms / 1000 * 3) + 5)
-    argv = [*_recipe_args(args.time_model, steps), "--threads", "1", "--microbatches", str(m),
-            "--strategy", "pipeline", "--schedule", "gpipe", "--devices", "0"]
+    argv = [*_recipe_args(args.time_model, steps), "--threads", "1", *_pipeline_args(m)]
     print(f"pipeline-processes: timeline P={p} M={m}", file=sys.stderr, flush=True)
     try:
         point = _run(argv, p, args.timeout, args.interval, bind="cores", warmup=args.warmup,
@@ -295,7 +295,7 @@ def _timeline(args) -> dict:
             shutil.rmtree(logdir, ignore_errors=True)
     summary = timeline.summarize(ops, steps_ms)
     return {"model": args.time_model, "stages": p, "microbatches": m,
-            "ideal_busy": 1 / (m + p - 1) * m, "median_step_s": point["median_step_s"],
+            "ideal_busy": 1 - plan.bubble_fraction(p, m), "median_step_s": point["median_step_s"],
             "load_avg_1m": point["load_avg_1m"], "summary": summary,
             "kept": args.timeline_dir or None}
 
@@ -376,8 +376,8 @@ def table(result) -> str:
         summary = t["summary"]
         rows = []
         for task, v in summary["tasks"].items():
-            shares = v["step_busy"]
-            rows.append([task, v["window_busy"], statistics.median(shares) if shares else "-",
+            median = v["median_step_busy"]
+            rows.append([task, v["window_busy"], "-" if median is None else median,
                          "", "", "", ""])
             for at, gap, before, after in v["median_step_gaps"]:
                 rows.append(["", "", "", f"{at:.1f}", f"{gap:.1f}", before[-60:], after[-60:]])
@@ -427,7 +427,7 @@ def plot(result, fig):
             t = result["timeline"]
             tasks = list(t["summary"]["tasks"].items())
             ax.bar([f"task {k}" for k, _ in tasks],
-                   [statistics.median(v["step_busy"]) if v["step_busy"] else v["window_busy"]
+                   [v["window_busy"] if v["median_step_busy"] is None else v["median_step_busy"]
                     for _, v in tasks])
             ax.axhline(t["ideal_busy"], color="k", ls="--", lw=1, label="GPipe's ideal")
             ax.set_ylabel("busy share of a step")

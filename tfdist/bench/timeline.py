@@ -172,7 +172,8 @@ def summarize(ops: dict[int, list], steps: list[tuple], gap_ms: float = 1.0,
 
     Returns:
         {"window_ms", "steps": [step ms], "tasks": {task: {"window_busy",
-        "step_busy": [share per step], "median_step_gaps": [...]}}}.
+        "step_busy": [share per step], "median_step_busy" (None without a whole
+        step), "median_step_gaps": [...]}}}.
     """
     every = [iv for intervals in ops.values() for iv in intervals]
     if not every:
@@ -189,6 +190,7 @@ def summarize(ops: dict[int, list], steps: list[tuple], gap_ms: float = 1.0,
         shares = [busy(intervals, s, e, gap_ms)[0] / (e - s) for s, e in whole]
         gaps = busy(intervals, *median, gap_ms)[1] if median else []
         tasks[task] = {"window_busy": window_busy / (b - a), "step_busy": shares,
+                       "median_step_busy": statistics.median(shares) if shares else None,
                        "median_step_gaps": sorted(gaps, key=lambda g: -g[1])[:top]}
     return {"window_ms": b - a, "steps": [e - s for s, e in whole],
             "median_step_ms": (median[1] - median[0]) if median else None, "tasks": tasks}
