@@ -133,6 +133,15 @@ def run_py(args: list[str], timeout: float = 240, env: dict | None = None,
                           timeout=timeout, env=env or clean_env(), cwd=cwd or REPO)
 
 
+def run_py_many(commands: list[list[str]], parallel: int = 2, timeout: float = 300,
+                ) -> list[subprocess.CompletedProcess]:
+    """`run_py` for each command, `parallel` at a time (one per core for `--threads 1` runs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(lambda args: run_py(args, timeout=timeout), commands))
+
+
 def wait_for_checkpoint(model_dir: str, alive=lambda: True, seconds: float = 240,
                         what: str = "the run") -> None:
     """Waits until MODEL_DIR/backup holds a checkpoint, failing if `alive()` turns False.

@@ -49,8 +49,28 @@ def parse(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
+    """Trains as the command line says; returns the exit status."""
+    return _main(argv)[0]
+
+
+def cli() -> None:
+    """The `python -m tfdist.train` and `tfdist-train` entry point: trains, then exits.
+
+    A worker of a MultiWorkerMirrored job exits in the order TensorFlow's
+    coordination service needs (`tfdist.compat.tf_coordination_exit`).
+    """
+    code, info = _main(sys.argv[1:])
+    if code in (exit_codes.OK, exit_codes.INTERRUPTED, exit_codes.PREEMPTED):
+        from tfdist.compat import tf_coordination_exit
+
+        tf_coordination_exit.leave(info, code)
+    sys.exit(code)
+
+
+def _main(argv: list[str] | None) -> tuple[int, object]:
+    """(exit status, this process's ClusterInfo or None) for the command line."""
     argv = sys.argv[1:] if argv is None else argv
+    info = None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv and argv[0] in ("-h", "--help") or "--help" in argv:
         name = argv[0] if argv and not argv[0].startswith("-") else DEFAULT_RECIPE
@@ -59,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
             options = config.declarations(recipe.DECLARED, f"recipe {recipe.RECIPE_NAME}")
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 2
+            return 2, None
         print(__doc__)
         print(f"recipes: {recipe_lib.available()}\n")
         print(config.usage(options, recipe.RECIPE_NAME))
-        return 0
+        return 0, None
     status_file = ""
     reset_signals()
     from tfdist import lifeline
@@ -98,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         write_status(status_file, code)
     if code == exit_codes.PEER_LOST:
         exit_now(code)
-    return code
+    return code, info
 
 
 def reset_signals() -> None:
@@ -132,4 +152,4 @@ def write_status(path: str, code: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

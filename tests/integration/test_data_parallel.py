@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, clean_env, override, run_py, tail
+from tests.conftest import WORKERS, clean_env, override, run_py, run_py_many, tail
 from tests.weights import dump_weights as _weights
 
 pytestmark = pytest.mark.integration
@@ -33,16 +33,23 @@ CHIEF_FILES = [".tfdist.lock", "backup", "history.csv", "metrics.json", "model.k
 
 
 def _train(tmp, name, extra, launch_n=0):
+    return _collect(tmp, name, run_py(_command(tmp, name, extra, launch_n)))
+
+
+def _command(tmp, name, extra, launch_n=0):
     dump = os.path.join(tmp, name, "dump")
     model_dir = os.path.join(tmp, name, "model")
     worker = [os.path.join(WORKERS, "train_dump.py"), dump,
               *override(COMMON, "--model-dir", model_dir, *extra)]
-    args = (["-m", "tfdist.launch", "-n", str(launch_n), "--timeout", "200", "--", "python",
+    return (["-m", "tfdist.launch", "-n", str(launch_n), "--timeout", "200", "--", "python",
              *worker] if launch_n else worker)
-    proc = run_py(args)
-    assert proc.returncode == 0, tail(proc)
+
+
+def _collect(tmp, name, proc):
+    assert proc.returncode == 0, (name, tail(proc))
+    dump = os.path.join(tmp, name, "dump")
     dumps = [dict(np.load(os.path.join(dump, f))) for f in sorted(os.listdir(dump))]
-    return dumps, model_dir, proc
+    return dumps, os.path.join(tmp, name, "model"), proc
 
 
 # Runs other modules compare with too (tests/integration/conftest.py: trained once).
@@ -66,30 +73,36 @@ def runs(tmp_path_factory, shared_run):
         # test_mirrored_job_on_one_node (equal to this single run); the checks of
         # mirrored's own run are made on mirrored_lamb_clip.
         "multi_worker": shared_run(multi_worker_run),
-        # Techniques: 2 micro-batches of 32 accumulated = one batch of 64 (mirrored's
-        # accumulation: test_equality_matrix's sparse acc2 cells).
-        "multi_worker_accum": _train(tmp, "mwacc", ["--strategy", "multi_worker",
-                                                    "--global-batch-size", "32",
-                                                    "--accumulate", "2"], launch_n=2),
-        # shm's plain SGD cells: test_equality_matrix; its run-level checks are made here.
-        "shm_accum_lamb_clip": _train(tmp, "shmacc", ["--strategy", "shm", *LAMB_CLIP,
-                                                     "--global-batch-size", "32",
-                                                     "--accumulate", "2"], launch_n=2),
-        "single_lamb_clip": _train(tmp, "slc", ["--strategy", "single", *LAMB_CLIP]),
-        "mirrored_lamb_clip": _train(tmp, "mlc", ["--strategy", "mirrored", "--devices", "2",
-                                                  *LAMB_CLIP]),
-        "mirrored_fp16": _train(tmp, "mfp16", ["--strategy", "mirrored", "--devices", "2",
-                                               "--precision", "mixed_float16"]),
-        "shm_fp16": _train(tmp, "shmfp16", ["--strategy", "shm", "--precision", "mixed_float16"],
-                           launch_n=2),
-        # float16's reference for 2 replicas: one replica taking each batch in 2 halves.
-        "single_fp16": _train(tmp, "sfp16", ["--strategy", "single",
-                                             "--precision", "mixed_float16"]),
-        "single_fp16_halves": _train(tmp, "sfp16h", ["--strategy", "single",
-                                                     "--precision", "mixed_float16",
-                                                     "--global-batch-size", "32",
-                                                     "--accumulate", "2"]),
+        **_train_many(tmp, RUNS),
     }
+
+
+# Techniques and precisions, each against a reference run here (name: extra, tasks launched).
+RUNS = {
+    # 2 micro-batches of 32 accumulated = one batch of 64 (mirrored's
+    # accumulation: test_equality_matrix's sparse acc2 cells).
+    "multi_worker_accum": (["--strategy", "multi_worker", "--global-batch-size", "32",
+                            "--accumulate", "2"], 2),
+    # shm's plain SGD cells: test_equality_matrix; its run-level checks are made here.
+    "shm_accum_lamb_clip": (["--strategy", "shm", *LAMB_CLIP, "--global-batch-size", "32",
+                             "--accumulate", "2"], 2),
+    "single_lamb_clip": (["--strategy", "single", *LAMB_CLIP], 0),
+    "mirrored_lamb_clip": (["--strategy", "mirrored", "--devices", "2", *LAMB_CLIP], 0),
+    "mirrored_fp16": (["--strategy", "mirrored", "--devices", "2",
+                       "--precision", "mixed_float16"], 0),
+    "shm_fp16": (["--strategy", "shm", "--precision", "mixed_float16"], 2),
+    # float16's reference for 2 replicas: one replica taking each batch in 2 halves.
+    "single_fp16": (["--strategy", "single", "--precision", "mixed_float16"], 0),
+    "single_fp16_halves": (["--strategy", "single", "--precision", "mixed_float16",
+                            "--global-batch-size", "32", "--accumulate", "2"], 0),
+}
+
+
+def _train_many(tmp, runs):
+    """`_train` for each run, two at a time (each task is one thread; timing changes no result)."""
+    procs = run_py_many([_command(tmp, name, extra, n) for name, (extra, n) in runs.items()],
+                        timeout=240)
+    return {name: _collect(tmp, name, proc) for name, proc in zip(runs, procs)}
 
 
 def _assert_same_weights(a, b):

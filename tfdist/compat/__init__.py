@@ -1,8 +1,9 @@
 """Upstream workarounds, one module per upstream bug.
 
-Each module names the upstream issue, checks that the installed library still
-has the internals it patches, and is applied by `apply_all()` whenever tfdist
-builds a strategy.
+Each module names the upstream issue and checks that the installed library
+still has the internals it patches. The patches are applied by `apply_all()`
+whenever tfdist builds a strategy; the others are called where they are
+needed (`tf_coordination_exit.leave`, at the end of `tfdist.train`).
 """
 
 from __future__ import annotations
