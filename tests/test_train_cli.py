@@ -1,7 +1,5 @@
 """`python -m tfdist.train` input errors: one clear message, exit 2, before TensorFlow."""
 
-import sys
-
 import pytest
 
 from tests.conftest import clean_env, run_py

@@ -73,6 +73,14 @@ def test_bench_modules_import_no_tensorflow():
     assert proc.stdout.strip() == "False"
 
 
+@pytest.mark.integration
+def test_train_worker_help_is_usage_not_a_traceback():
+    proc = run_py(["-m", "tfdist.bench.train_worker", "--help"], timeout=60)
+    assert proc.returncode == 0, tail(proc)
+    assert proc.stdout.startswith("`python -m tfdist.bench.train_worker RECIPE")
+    assert "--global-batch-size" in proc.stdout and "Traceback" not in proc.stderr
+
+
 def test_median_run_picks_the_median_try_and_keeps_all():
     from tfdist.bench import scaling
 

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, clean_env, override, run_py, run_py_many, tail
+from tests.conftest import WORKERS, override, run_py, run_py_many, tail
 from tests.weights import dump_weights as _weights
 
 pytestmark = pytest.mark.integration

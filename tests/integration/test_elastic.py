@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import WORKERS, run_py, tail
 from tests.integration.slurm_util import keras_weights
-from tests.integration.test_horovod import VENV, _env, horovodrun
+from tests.integration.test_horovod import VENV, horovodrun
 from tests.weights import dump_dir_weights as _weights
 from tfdist import exit_codes
 

@@ -9,7 +9,6 @@ saying why; fails under CI).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -18,7 +18,6 @@ each worker's tensor before and after each op, the classic picture.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from tfdist.bench import runs

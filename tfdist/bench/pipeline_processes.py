@@ -33,7 +33,6 @@ Every figure is a single machine's, with the load average at each run beside it.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil

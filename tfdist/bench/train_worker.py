@@ -18,8 +18,13 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    warmup = int(os.environ.get("TFDIST_BENCH_WARMUP_STEPS", "3"))
+    """Trains as `tfdist.train` would, then exits (a MultiWorkerMirrored task in order)."""
     from tfdist import cluster, train
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.split("\n\n")[0] + "\n\nThe options are tfdist.train's:\n")
+        return train.main(argv)
+    warmup = int(os.environ.get("TFDIST_BENCH_WARMUP_STEPS", "3"))
     from tfdist.run import trainer
     from tfdist.bench import runs, timeline, timing
 
@@ -46,6 +51,9 @@ def main(argv: list[str]) -> int:
                    # perf_counter: CLOCK_MONOTONIC on Linux, comparable across processes.
                    "step_end_times": timer.times,
                    "final_loss": m["history"]["loss"][-1] if m["history"].get("loss") else None})
+    from tfdist.compat import tf_coordination_exit
+
+    tf_coordination_exit.leave(info, 0)
     return 0
 
 
