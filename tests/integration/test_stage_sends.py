@@ -6,7 +6,8 @@ cores`), M = 4 micro-batches, every task traced by TensorFlow's profiler
 queues each forward's `_Send` behind the stage's next forwards, so stage 1's
 first forward starts only after stage 0's last: the forward is not pipelined
 (the upstream behaviour). With tfdist's default of two, stage 1 computes a
-micro-batch while stage 0 computes the next.
+micro-batch while stage 0 computes the next (in most steps: the two threads
+share one core).
 """
 
 from __future__ import annotations
@@ -54,5 +55,9 @@ def test_one_inter_op_thread_holds_every_send_until_the_last_forward_two_do_not(
     # The upstream behaviour: stage 1 starts after stage 0's last forward, every step.
     assert all(_stage1_waits_for_all_of_stage0s_forwards(
         tmp_path / "one", ["--inter-op-threads", "1"]))
-    # tfdist's default (two threads): stage 1 starts while stage 0 still runs forwards.
-    assert not any(_stage1_waits_for_all_of_stage0s_forwards(tmp_path / "default", []))
+    # tfdist's default (two threads): stage 1 starts while stage 0 still runs forwards,
+    # in most steps. Not all: both threads share stage 0's one core, and in a step where
+    # the kernel keeps the forward thread running the sends can still wait (a CI run
+    # saw it in 1 step of 7).
+    waited = _stage1_waits_for_all_of_stage0s_forwards(tmp_path / "default", [])
+    assert sum(waited) < len(waited) / 2, waited
