@@ -11,9 +11,9 @@ level, which TF_CPP_MIN_LOG_LEVEL=2 does not hide:
     UNAVAILABLE: Failed to send RPC to coordination service. Either the leader
     task was preempted/died/restarted unexpectedly ...
 
-after a run that ended well or a Ctrl-C that saved (measured, TF 2.21: a task
-that outlives the leader by 6 s logs it every time; the CI saw it once after a
-Ctrl-C). TensorFlow offers no clean shutdown of the agent from Python, so
+after a run that ended well or a Ctrl-C that saved (measured, TF 2.21, default
+heartbeat: a task alive 12 s after the leader logged it 6 s after, one alive
+3 s after did not; the CI saw it once after a Ctrl-C). TensorFlow offers no clean shutdown of the agent from Python, so
 `leave` orders the exit instead: every task waits at one last barrier (the
 leader reaches it after its final save), a task that is not the leader then
 exits at once, and the leader exits when every other task's server port has
