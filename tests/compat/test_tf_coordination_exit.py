@@ -15,25 +15,30 @@ import sys
 import pytest
 
 from tests.conftest import REPO, WORKERS, clean_env
+from tfdist.cluster.base import ClusterInfo
+from tfdist.cluster.tf_config import info_from_tf_config
 from tfdist.compat.tf_coordination_exit import peers
 from tfdist.launch import free_ports
 
-TWO = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}
+TWO = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+CHIEF = {"chief": ["c:1"], "worker": ["w:1", "w:2"]}
 
 
-@pytest.mark.parametrize("config, task, expected", [
+@pytest.mark.parametrize("cluster, task, expected", [
     (TWO, ("worker", 0), (True, ["127.0.0.1:2"])),
     (TWO, ("worker", 1), (False, ["127.0.0.1:1"])),
-    ({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]}}, ("chief", 0),
-     (True, ["w:1", "w:2"])),
-    ({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]}}, ("worker", 0),
-     (False, ["c:1", "w:2"])),
-    ({"cluster": {"worker": ["w:1"]}}, ("worker", 0), None),  # one task
-    ({"cluster": {"chief": ["c:1"], "worker": ["w:1"], "ps": ["p:1"]}}, ("chief", 0), None),
-    (None, ("worker", 0), None),
+    (CHIEF, ("chief", 0), (True, ["w:1", "w:2"])),
+    (CHIEF, ("worker", 0), (False, ["c:1", "w:2"])),
+    ({"worker": ["w:1"]}, ("worker", 0), None),  # one task
+    ({"chief": ["c:1"], "worker": ["w:1"], "ps": ["p:1"]}, ("chief", 0), None),
 ])
-def test_peers(config, task, expected):
-    assert peers(config, task) == expected
+def test_peers(cluster, task, expected):
+    info = info_from_tf_config({"cluster": cluster, "task": {"type": task[0], "index": task[1]}})
+    assert peers(info) == expected
+
+
+def test_peers_of_a_process_without_a_cluster():
+    assert peers(ClusterInfo(source="local", num_workers=1, worker_index=0)) is None
 
 
 def _pair(mode: str, linger_s: float) -> list[subprocess.Popen]:

@@ -26,48 +26,32 @@ jobs): a parameter-server job's servers outlive their coordinator by design.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
+
+from tfdist.ps.net import reachable
 
 BARRIER = "tfdist_exit"
 BARRIER_TIMEOUT_S = 300.0  # the chief reaches the barrier after writing its model
 WAIT_S = 10.0  # the leader's wait for the other tasks' ports to close
 
 
-def peers(tf_config: dict | None, task: tuple[str, int]) -> tuple[bool, list[str]] | None:
+def peers(cluster) -> tuple[bool, list[str]] | None:
     """Pure function: (this task is the leader, the other tasks' addresses).
 
     Args:
-        tf_config: The cluster's TF_CONFIG dict.
-        task: This process's (job, task index).
+        cluster: This process's `ClusterInfo`; its `worker_addresses` are the
+            chief's and the workers', in rank order, so rank 0 is the leader.
 
     Returns:
-        None when the exit needs no order: no cluster, one task, or a job
-        besides chief and worker (parameter servers).
+        None when the exit needs no order: one task, or tasks besides chief
+        and worker (parameter servers).
     """
-    spec = (tf_config or {}).get("cluster", {})
-    if set(spec) - {"chief", "worker"}:
+    addresses = cluster.worker_addresses
+    if len(addresses) < 2 or cluster.num_tasks > len(addresses):
         return None
-    tasks = [(job, i, address) for job in ("chief", "worker")
-             for i, address in enumerate(spec.get(job, []))]
-    if len(tasks) < 2:
-        return None
-    leader = tasks[0][:2] == (task[0], int(task[1]))
-    return leader, [address for job, i, address in tasks if (job, i) != (task[0], int(task[1]))]
-
-
-def still_listening(addresses: list[str], timeout_s: float = 0.5) -> list[str]:
-    """The addresses whose port still accepts a connection."""
-    open_ = []
-    for address in addresses:
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                open_.append(address)
-        except OSError:
-            pass
-    return open_
+    return (cluster.worker_index == 0,
+            [a for i, a in enumerate(addresses) if i != cluster.worker_index])
 
 
 def leave(cluster, code: int, wait_s: float = WAIT_S, poll_s: float = 0.05) -> None:
@@ -86,7 +70,7 @@ def leave(cluster, code: int, wait_s: float = WAIT_S, poll_s: float = 0.05) -> N
     tf = sys.modules.get("tensorflow")
     if cluster is None or tf is None:
         return
-    found = peers(cluster.tf_config, (cluster.task_type, cluster.task_index))
+    found = peers(cluster)
     from tensorflow.python.eager import context
 
     if found is None or context.context().coordination_service is None:
@@ -101,5 +85,5 @@ def leave(cluster, code: int, wait_s: float = WAIT_S, poll_s: float = 0.05) -> N
         sys.stderr.flush()
         os._exit(code)  # TensorFlow's teardown is what would keep this task alive
     deadline = time.monotonic() + wait_s
-    while still_listening(others) and time.monotonic() < deadline:
+    while any(reachable(a, 0.5) for a in others) and time.monotonic() < deadline:
         time.sleep(poll_s)

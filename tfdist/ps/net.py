@@ -1,4 +1,5 @@
-"""Is a task up: one TCP connect, for the coordinator (workers) and the servers (chief)."""
+"""Is a task up: one TCP connect (the PS coordinator and servers, a MultiWorkerMirrored
+worker waiting for its leader, and the leader waiting for the others to exit)."""
 
 from __future__ import annotations
 

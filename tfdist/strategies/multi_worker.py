@@ -22,6 +22,7 @@ import time
 
 from tfdist import buckets
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
+from tfdist.ps.net import reachable
 from tfdist.strategies import Adapter, register
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")
@@ -106,19 +107,14 @@ def wait_for_leader(cluster, timeout_s: float, poll_s: float = 0.2) -> None:
     address = leader_address(cluster)
     if not cluster.is_multi_worker or not address or cluster.worker_index == 0:
         return
-    host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise PeerLostError(
-                    f"worker 0 ({address}) did not start within --startup-timeout-s "
-                    f"{timeout_s:g}: it may have failed, or never been started.\n{_HINT}",
-                    rank=0, address=address) from None
-            time.sleep(poll_s)
+    while not reachable(address, 1.0):
+        if time.monotonic() > deadline:
+            raise PeerLostError(
+                f"worker 0 ({address}) did not start within --startup-timeout-s "
+                f"{timeout_s:g}: it may have failed, or never been started.\n{_HINT}",
+                rank=0, address=address)
+        time.sleep(poll_s)
 
 
 def _configure_coordination(tf, spec, timeout_s: float) -> None:
