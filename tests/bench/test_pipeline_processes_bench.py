@@ -119,3 +119,43 @@ def test_bench_samples_each_stage_process_and_writes_json_and_png(tmp_path):
     assert sorted(run["stage_totals"]) == ["0", "1"]
     with open(os.path.join(out, "pipeline-processes.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_part_runs_each_batch_size_and_reports_it_against_the_ideal(monkeypatch):
+    """`_run` replaced by a recorder: the argv of each run, the arithmetic and the report."""
+    import argparse
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    calls = []
+
+    def fake_run(argv, tasks, timeout_s, interval_s, **kw):
+        calls.append((argv, tasks, kw))
+        batch = int(argv[argv.index("--global-batch-size") + 1])
+        step = batch / 1000 * (0.6 if tasks == 2 else 1.0)  # 2 stages: 0.6 of one process
+        proc = {"cpu_s_per_step": step, "cpu_share": 0.8, "wait_s_per_step": 0.01}
+        return {"median_step_s": step, "load_avg_1m": 0.5, "processes": [proc] * tasks}
+
+    monkeypatch.setattr(pp, "_run", fake_run)
+    parser = argparse.ArgumentParser()
+    pp.add_arguments(parser)
+    args = parser.parse_args(["--parts", "time", "--time-batch-sizes", "64,512",
+                              "--repeats", "2", "--time-model", "model_parallel_mlp"])
+    result = pp.run(args)
+    t = result["time"]
+    assert [p["global_batch_size"] for p in t["points"]] == [64, 512]
+    assert [p["microbatch_rows"] for p in t["points"]] == [8, 64]
+    for p in t["points"]:
+        assert p["ratio"] == pytest.approx(0.6)
+        assert p["vs_ideal"] == pytest.approx(0.6 / pp.gpipe_ideal_ratio(2, 8))
+    assert len(calls) == 2 * 2 * 2  # batch sizes x repeats x (2 stages, 1 process)
+    argv, tasks, kw = calls[0]
+    assert tasks == 2 and kw["bind"] == "cores" and argv[argv.index("--devices") + 1] == "0"
+    argv, tasks, kw = calls[1]
+    assert tasks == 1 and kw["share"] == "0/2" and argv[argv.index("--devices") + 1] == "2"
+    assert all("--global-batch-size" in a and "gpipe" in a for a, _, _ in calls)
+    text = pp.table(result)
+    assert "batch" in text and "median" in text and "1.067" in text  # 0.6 / 0.5625
+    pp.plot(result, Figure())

@@ -31,6 +31,21 @@ def test_a_chain_splits_evenly_earlier_stages_taking_the_remainder():
     assert balanced_cuts(g, 1) == []
 
 
+def test_stages_are_balanced_by_parameters_not_by_layers():
+    # A large first layer and three small ones: two layers a stage would put
+    # 1020 parameters on stage 0 and 20 on stage 1.
+    nodes = tuple(Node(n, (i,), (i + 1,), True, p) for i, (n, p) in
+                  enumerate(zip(["embed", "a", "b", "c"], [1000, 10, 10, 10])))
+    g = Graph(nodes, (0,), (4,))
+    assert balanced_cuts(g, 2) == [1]
+    assert g.cost(0, 1) == 1000 and g.cost(1, 4) == 30
+    # 4 + 1 + 1 + 1 + 1: three stages of 4, 2 and 2, not 4, 3 and 1 (the largest as
+    # small as can be, then the next largest).
+    g = Graph(tuple(Node(str(i), (i,), (i + 1,), True, p) for i, p in
+                    enumerate([4, 1, 1, 1, 1])), (0,), (5,))
+    assert balanced_cuts(g, 3) == [1, 3]
+
+
 def test_weightless_layers_stay_with_the_layer_before_them():
     g = chain(["embed", "pool", "d1", "drop", "out"], [1, 0, 1, 0, 1])
     assert g.candidate_cuts() == [2, 4]  # before d1 and before out
@@ -91,4 +106,18 @@ def test_from_keras_reads_a_functional_model_in_data_flow_order():
     g = from_keras(keras.Model(x, out))
     assert [n.layer for n in g.nodes] == ["a", "b", "c"]
     assert [n.weighted for n in g.nodes] == [True, False, True]
+    assert [n.params for n in g.nodes] == [4 * 4 + 4, 0, 4 * 2 + 2]
     assert g.candidate_cuts() == [2] and len(g.crossing(1)) == 2
+
+
+def test_from_keras_counts_a_shared_layers_parameters_once():
+    import keras
+
+    from tfdist.model_parallel.graph import from_keras
+
+    x = keras.Input((3,))
+    shared = keras.layers.Dense(3, name="shared")
+    out = keras.layers.Dense(1, name="out")(shared(shared(x)))
+    g = from_keras(keras.Model(x, out))
+    assert [(n.layer, n.weighted, n.params) for n in g.nodes] == [
+        ("shared", True, 12), ("shared", True, 0), ("out", True, 4)]

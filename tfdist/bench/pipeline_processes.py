@@ -12,7 +12,7 @@ the chief (task 0) holding stage 0 and driving the run. Three parts:
   end and the saved model come after training), beside the stage's share of
   the parameters (the chief's placement table).
 - time: the steady step time of M micro-batches on P stage processes, each
-  pinned to its own core (`tfdist.launch --cpu-bind cores`), against the same
+  pinned to its own core, at each of `--time-batch-sizes` (`tfdist.launch --cpu-bind cores`), against the same
   micro-batching in one process pinned to one core (`--strategy pipeline
   --devices P` on logical devices, under `tfdist.bench.bind --share 0/P`).
   GPipe's ideal for that ratio is (M + P - 1) / (M P). Runs alternate
@@ -51,8 +51,11 @@ DEFAULT_PARTS = PARTS[:3]
 # Adam's slots; 12 equal layers split evenly over 2 and 4 stages.
 MEMORY_MODEL = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
                 "--global-batch-size 64")
-# 4 Dense 2048x2048 layers at batch 64 (#29's shape): 2 equal stages of 2.
-TIME_MODEL = "model_parallel_mlp --hidden-layers 5 --hidden-units 2048 --global-batch-size 64"
+# 4 Dense 2048x2048 layers (#29's shape): 2 equal stages of 2.
+TIME_MODEL = "model_parallel_mlp --hidden-layers 5 --hidden-units 2048"
+# Micro-batches of 8 rows (#29's shape: each 16 MB weight matrix streamed from memory at 2
+# flops a byte, where a hand-off between processes costs most) and of 64 rows.
+TIME_BATCH_SIZES = "64,512"
 # 256-wide layers at batch 32768: 32 MB of activations per layer per batch, 0.26 MB of weights.
 SCHEDULE_MODEL = ("wide_mlp --input-dim 256 --hidden-units 256 --hidden-layers 8 "
                   "--global-batch-size 32768 --num-examples 32768")
@@ -76,6 +79,9 @@ def add_arguments(parser):
     parser.add_argument("--memory-steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--time-model", default=TIME_MODEL,
                         help="RECIPE [--key value ...] of the time part")
+    parser.add_argument("--time-batch-sizes", default=TIME_BATCH_SIZES,
+                        help="global batch sizes of the time part's model, comma-separated "
+                             "(a micro-batch is batch / M rows)")
     parser.add_argument("--time-stages", type=int, default=2, help="P of the time part")
     parser.add_argument("--time-microbatches", type=int, default=8, help="M of the time part")
     parser.add_argument("--time-steps", type=int, default=20, help="training steps per run")
@@ -234,26 +240,32 @@ def _memory(args) -> dict:
 
 def _time(args) -> dict:
     p, m = args.time_stages, args.time_microbatches
-    base = [*_recipe_args(args.time_model, args.time_steps), "--threads", "1",
-            "--microbatches", str(m), "--strategy", "pipeline", "--schedule", "gpipe"]
-    pairs = []
-    for r in range(args.repeats):
-        print(f"pipeline-processes: time repeat {r + 1}/{args.repeats}", file=sys.stderr,
-              flush=True)
-        staged = _run([*base, "--devices", "0"], p, args.timeout, args.interval, bind="cores",
-                      warmup=args.warmup)
-        one = _run([*base, "--devices", str(p)], 1, args.timeout, args.interval,
-                   share=f"0/{p}", warmup=args.warmup)
-        pairs.append({"stages": staged, "one_process": one,
-                      "ratio": staged["median_step_s"] / one["median_step_s"]})
     ideal = gpipe_ideal_ratio(p, m)
-    ratio = statistics.median(pair["ratio"] for pair in pairs)
-    return {"model": args.time_model, "stages": p, "microbatches": m, "steps": args.time_steps,
-            "warmup": args.warmup, "repeats": pairs, "ratio": ratio, "ideal_ratio": ideal,
-            "vs_ideal": ratio / ideal, "target_vs_ideal": TARGET_VS_IDEAL,
+    points = []
+    for batch in _parse_ints(args.time_batch_sizes):
+        base = [*_recipe_args(args.time_model, args.time_steps), "--global-batch-size",
+                str(batch), "--threads", "1", "--microbatches", str(m), "--strategy",
+                "pipeline", "--schedule", "gpipe"]
+        pairs = []
+        for r in range(args.repeats):
+            print(f"pipeline-processes: time batch {batch}, repeat {r + 1}/{args.repeats}",
+                  file=sys.stderr, flush=True)
+            staged = _run([*base, "--devices", "0"], p, args.timeout, args.interval,
+                          bind="cores", warmup=args.warmup)
+            one = _run([*base, "--devices", str(p)], 1, args.timeout, args.interval,
+                       share=f"0/{p}", warmup=args.warmup)
+            pairs.append({"stages": staged, "one_process": one,
+                          "ratio": staged["median_step_s"] / one["median_step_s"]})
+        ratio = statistics.median(pair["ratio"] for pair in pairs)
+        points.append({
+            "global_batch_size": batch, "microbatch_rows": batch // m, "repeats": pairs,
+            "ratio": ratio, "vs_ideal": ratio / ideal,
             "stages_step_s": statistics.median(x["stages"]["median_step_s"] for x in pairs),
             "one_process_step_s": statistics.median(
-                x["one_process"]["median_step_s"] for x in pairs)}
+                x["one_process"]["median_step_s"] for x in pairs)})
+    return {"model": args.time_model, "stages": p, "microbatches": m, "steps": args.time_steps,
+            "warmup": args.warmup, "ideal_ratio": ideal, "target_vs_ideal": TARGET_VS_IDEAL,
+            "points": points}
 
 
 def _schedule(args) -> dict:
@@ -281,10 +293,14 @@ def _timeline(args) -> dict:
 
     p, m = args.time_stages, args.time_microbatches
     logdir = args.timeline_dir or tempfile.mkdtemp(prefix="tfdist-bench-timeline-")
-    # Steps to outlast the trace: 3 a second and 5 more (the time model's take 0.15-0.25 s).
+    # Steps to outlast the trace: 3 a second and 5 more (the time model's take 0.15-0.25 s
+    # at batch 64).
     steps = args.warmup + 2 + max(10, int(args.timeline_ms / 1000 * 3) + 5)
-    argv = [*_recipe_args(args.time_model, steps), "--threads", "1", *_pipeline_args(m)]
-    print(f"pipeline-processes: timeline P={p} M={m}", file=sys.stderr, flush=True)
+    batch = _parse_ints(args.time_batch_sizes)[0]
+    argv = [*_recipe_args(args.time_model, steps), "--global-batch-size", str(batch),
+            "--threads", "1", *_pipeline_args(m)]
+    print(f"pipeline-processes: timeline P={p} M={m} batch {batch}", file=sys.stderr,
+          flush=True)
     try:
         point = _run(argv, p, args.timeout, args.interval, bind="cores", warmup=args.warmup,
                      env={timeline.ENV: f"{args.warmup + 2},{args.timeline_ms},{logdir}"})
@@ -293,7 +309,7 @@ def _timeline(args) -> dict:
         if not args.timeline_dir:
             shutil.rmtree(logdir, ignore_errors=True)
     summary = timeline.summarize(ops, steps_ms)
-    return {"model": args.time_model, "stages": p, "microbatches": m,
+    return {"model": args.time_model, "global_batch_size": batch, "stages": p, "microbatches": m,
             "ideal_busy": 1 - plan.bubble_fraction(p, m), "median_step_s": point["median_step_s"],
             "load_avg_1m": point["load_avg_1m"], "summary": summary,
             "kept": args.timeline_dir or None}
@@ -341,21 +357,24 @@ def table(result) -> str:
             return "/".join("-" if proc[key] is None else f"{proc[key] * scale:.3g}"
                             for proc in run["processes"])
 
-        rows = [[i, x["stages"]["median_step_s"] * 1e3, x["one_process"]["median_step_s"] * 1e3,
-                 x["ratio"], x["ratio"] / t["ideal_ratio"],
-                 cpu(x["stages"], "cpu_s_per_step", 1e3), cpu(x["one_process"], "cpu_s_per_step",
-                                                               1e3),
-                 cpu(x["stages"], "cpu_share"), cpu(x["one_process"], "cpu_share"),
-                 cpu(x["stages"], "wait_s_per_step", 1e3),
-                 cpu(x["one_process"], "wait_s_per_step", 1e3), x["stages"]["load_avg_1m"]]
-                for i, x in enumerate(t["repeats"])]
-        rows.append(["median", t["stages_step_s"] * 1e3, t["one_process_step_s"] * 1e3,
-                     t["ratio"], t["vs_ideal"], "", "", "", "", "", "", ""])
+        rows = []
+        for point in t["points"]:
+            for i, x in enumerate(point["repeats"]):
+                rows.append([
+                    point["global_batch_size"], i, x["stages"]["median_step_s"] * 1e3,
+                    x["one_process"]["median_step_s"] * 1e3, x["ratio"],
+                    x["ratio"] / t["ideal_ratio"], cpu(x["stages"], "cpu_s_per_step", 1e3),
+                    cpu(x["one_process"], "cpu_s_per_step", 1e3), cpu(x["stages"], "cpu_share"),
+                    cpu(x["one_process"], "cpu_share"), cpu(x["stages"], "wait_s_per_step", 1e3),
+                    cpu(x["one_process"], "wait_s_per_step", 1e3), x["stages"]["load_avg_1m"]])
+            rows.append([point["global_batch_size"], "median", point["stages_step_s"] * 1e3,
+                         point["one_process_step_s"] * 1e3, point["ratio"], point["vs_ideal"],
+                         "", "", "", "", "", "", ""])
         out.append(f"P={t['stages']} M={t['microbatches']}: ideal (M+P-1)/(MP) = "
                    f"{t['ideal_ratio']:.4g}; per task: CPU ms per step, the share of a core "
                    "that is, ms per step its threads waited for a core\n" +
-                   format_table(["repeat", f"{t['stages']} procs ms", "1 proc ms", "ratio",
-                                 "/ ideal", "CPU ms", "1 proc CPU", "core share",
+                   format_table(["batch", "repeat", f"{t['stages']} procs ms", "1 proc ms",
+                                 "ratio", "/ ideal", "CPU ms", "1 proc CPU", "core share",
                                  "1 proc share", "wait ms", "1 proc wait", "load"], rows))
     if "schedule" in result:
         s = result["schedule"]
@@ -414,12 +433,19 @@ def plot(result, fig):
             ax.legend(fontsize=6)
         elif part == "time":
             t = result["time"]
-            values = [t["one_process_step_s"], t["stages_step_s"],
-                      t["one_process_step_s"] * t["ideal_ratio"]]
-            ax.bar(["1 proc\n1 core", f"{t['stages']} procs\npinned", "GPipe\nideal"],
-                   [v * 1e3 for v in values], color=["C0", "C1", "C2"])
+            rows = [point["microbatch_rows"] for point in t["points"]]
+            for key, label in (("one_process_step_s", "1 proc, 1 core"),
+                               ("stages_step_s", f"{t['stages']} procs, pinned")):
+                ax.plot(rows, [point[key] * 1e3 for point in t["points"]], "o-", label=label)
+            ax.plot(rows, [point["one_process_step_s"] * t["ideal_ratio"] * 1e3
+                           for point in t["points"]], "k--", lw=1, label="GPipe ideal")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("rows per micro-batch")
             ax.set_ylabel("step ms")
-            ax.set_title(f"M={t['microbatches']}: {t['vs_ideal']:.2f}x the ideal", fontsize=9)
+            ax.set_title(f"M={t['microbatches']}: " + ", ".join(
+                f"{point['vs_ideal']:.2f}x" for point in t["points"]) + " the ideal", fontsize=9)
+            ax.legend(fontsize=6)
         elif part == "timeline":
             if "timeline" not in result:
                 continue

@@ -32,12 +32,21 @@ class Node:
         inputs: Ids of the tensors it reads.
         outputs: Ids of the tensors it makes.
         weighted: Whether the layer has weights.
+        params: How many parameters this call adds to its stage: the layer's
+            weights at its first call, 0 at a shared layer's later calls.
+            None counts a weighted layer as 1 (graphs written by hand).
     """
 
     layer: str
     inputs: tuple
     outputs: tuple
     weighted: bool
+    params: int | None = None
+
+    @property
+    def cost(self) -> int:
+        """What this call weighs in `balanced_cuts`: its parameters."""
+        return int(self.weighted) if self.params is None else self.params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +105,19 @@ class Graph:
         """Layers with weights among nodes [start, end)."""
         return sum(1 for node in self.nodes[start:end] if node.weighted)
 
+    def cost(self, start: int, end: int) -> int:
+        """Parameters of nodes [start, end) (`Node.cost`)."""
+        return sum(node.cost for node in self.nodes[start:end])
+
 
 def balanced_cuts(graph: Graph, stages: int) -> list[int]:
-    """Pure function: `stages - 1` candidate cuts that spread the weighted layers evenly.
+    """Pure function: `stages - 1` candidate cuts that spread the parameters evenly.
 
-    Minimises the largest stage (in layers with weights); among equal splits,
-    earlier stages take the remainder, as `plan.even_split` does.
+    Minimises the largest stage in parameters (what a stage process must hold:
+    its weights, their gradients and optimizer slots scale with them), then the
+    next largest, and so on; among splits with the same sizes, earlier stages
+    take the remainder, as `plan.even_split` does. Every stage holds at least
+    one layer with weights.
 
     Raises:
         ConfigError: when the model has fewer places to cut than stages need.
@@ -119,17 +135,21 @@ def balanced_cuts(graph: Graph, stages: int) -> list[int]:
     points = [0, *cuts, len(graph.nodes)]
     last = len(points) - 1
     # best[j]: the best split of nodes [0, points[j]) into s stages so far, as
-    # (largest stage, stage sizes negated, the cut indexes): min() picks the
-    # smallest largest stage, then the larger earlier stages.
-    best = {0: (0, (), ())}
+    # (stage sizes largest first, stage sizes negated, the cut indexes): min()
+    # picks the smallest largest stage, then the smallest next one, then the
+    # larger earlier stages. (Adding the same stages to two splits keeps their
+    # order, so keeping one split per j is exact.)
+    best = {0: ((), (), ())}
     for s in range(1, stages + 1):
         row = {}
         for j in (range(1, last + 1) if s < stages else (last,)):
             options = []
-            for i, (worst, sizes, chosen) in best.items():
-                size = graph.weighted_count(points[i], points[j]) if i < j else 0
-                if size:
-                    options.append((max(worst, size), sizes + (-size,), chosen + (i,)))
+            for i, (_, sizes, chosen) in best.items():
+                if i >= j or not graph.weighted_count(points[i], points[j]):
+                    continue
+                size = graph.cost(points[i], points[j])
+                ordered = tuple(sorted([*(-x for x in sizes), size], reverse=True))
+                options.append((ordered, sizes + (-size,), chosen + (i,)))
             if options:
                 row[j] = min(options)
         best = row
@@ -182,11 +202,22 @@ def from_keras(model) -> Graph:
         ConfigError: for a model that is not functional (a subclassed model).
     """
     functional = _functional(model)
-    nodes = [Node(node.operation.name, tuple(id(t) for t in node.input_tensors),
-                  tuple(id(t) for t in node.outputs), bool(node.operation.weights))
-             for node in keras_nodes(model)]
+    nodes, counted = [], set()
+    for node in keras_nodes(model):
+        layer = node.operation
+        params = 0 if id(layer) in counted else sum(_size(w.shape) for w in layer.weights)
+        counted.add(id(layer))
+        nodes.append(Node(layer.name, tuple(id(t) for t in node.input_tensors),
+                          tuple(id(t) for t in node.outputs), bool(layer.weights), params))
     return Graph(tuple(nodes), tuple(id(t) for t in functional.inputs),
                  tuple(id(t) for t in functional.outputs))
+
+
+def _size(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def keras_nodes(model) -> list:
