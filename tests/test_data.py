@@ -161,3 +161,23 @@ def test_every_example_is_read_exactly_once_per_epoch_across_two_workers(tmp_pat
         seen.append(mine)
     assert not set(seen[0]) & set(seen[1])
     assert sorted(seen[0] + seen[1]) == ids
+
+
+def test_data_smaller_than_one_global_batch_is_one_clear_error():
+    import tensorflow as tf
+
+    from tfdist.data import check_full_batch, prepare
+
+    ds = tf.data.Dataset.range(10)
+    check_full_batch(prepare(ds, 10), 10)  # one full batch: fine
+    with pytest.raises(ConfigError, match=r"has 10 examples, fewer than one global batch of "
+                                          r"16 .*--global-batch-size \(at most 10\)"):
+        check_full_batch(prepare(ds, 16), 16, lambda: 10)
+    # Cardinality unknown (a filter): one batch is read to tell.
+    unknown = ds.filter(lambda x: x < 100)
+    check_full_batch(prepare(unknown, 10), 10)
+    with pytest.raises(ConfigError, match=r"has fewer examples than one global batch of 11"):
+        check_full_batch(prepare(unknown, 11), 11)
+    check_full_batch(prepare(ds, 5, repeat=True), 5)  # repeating for ever: fine
+    with pytest.raises(ConfigError):  # repeating an empty pass: the hang it prevents
+        check_full_batch(prepare(ds, 16, repeat=True), 16)

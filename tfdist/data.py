@@ -229,3 +229,31 @@ def count_elements(dataset) -> int:
     if n == tf.data.INFINITE_CARDINALITY:
         raise ConfigError("The training dataset is infinite; set --steps-per-epoch.")
     return int(dataset.reduce(0, lambda count, _: count + 1))
+
+
+def check_full_batch(batched, global_batch_size: int, examples=None) -> None:
+    """Raises unless one pass of the training data gives at least one full global batch.
+
+    Training drops a last partial batch (every step is a whole global batch),
+    so data smaller than one batch gives no step at all: Keras then "runs out
+    of data" at once and, with --steps-per-epoch, a repeated empty pass never
+    yields. Cheap: the cardinality when TensorFlow knows it, else one batch read.
+
+    Args:
+        batched: One pass of the batched training data (`prepare(..., repeat=False)`).
+        global_batch_size: The batch it was cut at.
+        examples: A callable giving the examples in one pass (or None when
+            unknown), called only for the message.
+
+    Raises:
+        ConfigError: when there is no full batch.
+    """
+    n = int(batched.cardinality())
+    if n > 0 or n == -1 or (n == -2 and any(True for _ in batched.take(1))):
+        return  # -1: infinite (a repeating source); -2: unknown, and a batch came
+    examples = examples() if examples else None
+    have = f"{examples} examples, fewer" if examples is not None else "fewer examples"
+    raise ConfigError(
+        f"The training data has {have} than one global batch of {global_batch_size} (training "
+        "drops a partial batch, so no step would run). Use a smaller --global-batch-size"
+        + (f" (at most {examples})." if examples else "."))

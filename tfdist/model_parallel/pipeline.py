@@ -1,7 +1,7 @@
 """Pipeline parallelism: a model cut into stages on devices, fed with micro-batches.
 
 `split` cuts a functional (or Sequential) Keras model between layer calls
-(`tfdist.model_parallel.graph`): evenly in layers with weights at the cuts
+(`tfdist.model_parallel.graph`): evenly in parameters at the cuts
 that cross the fewest tensors (between the blocks of a Transformer, residuals
 and all; the encoder output crossing into each decoder stage), or where
 `--placement` says. Layers without weights stay with the layer before them.

@@ -241,6 +241,12 @@ def _read_metrics(model_dir: str) -> dict:
         return {}
 
 
+def _examples(recipe, cfg):
+    """Examples in one pass of the training data, when TensorFlow knows (else None)."""
+    n = int(data.as_source(recipe_lib.build_dataset(recipe, cfg, "train")).dataset.cardinality())
+    return n if n >= 0 else None
+
+
 def _rebatch(state, old_gbs, gbs, fixed_steps, steps_per_epoch, train_dataset, cluster,
              lr_line):
     """The backup's position at this run's batch (see `checkpoint.rebatch`), logged."""
@@ -365,8 +371,10 @@ class FitRun:
     def build(self) -> None:
         """The data's size and sharding, then the model and optimizer under the strategy."""
         recipe, cfg, cluster, hooks = self.recipe, self.cfg, self.cluster, self.dist.hooks
+        one_pass = self.train_dataset(repeat=False)
+        data.check_full_batch(one_pass, self.gbs, lambda: _examples(recipe, cfg))
         self.steps_per_epoch = (self.settings.training.steps_per_epoch
-                                or data.count_elements(self.train_dataset(repeat=False)))
+                                or data.count_elements(one_pass))
         self.test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), self.gbs,
                                     num_workers=cluster.num_workers, training=False)
         policy = self.test_ds.options().experimental_distribute.auto_shard_policy.name
