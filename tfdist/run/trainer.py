@@ -371,12 +371,12 @@ class FitRun:
     def build(self) -> None:
         """The data's size and sharding, then the model and optimizer under the strategy."""
         recipe, cfg, cluster, hooks = self.recipe, self.cfg, self.cluster, self.dist.hooks
+        self.test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), self.gbs,
+                                    num_workers=cluster.num_workers, training=False)
         one_pass = self.train_dataset(repeat=False)
         data.check_full_batch(one_pass, self.gbs, lambda: _examples(recipe, cfg))
         self.steps_per_epoch = (self.settings.training.steps_per_epoch
                                 or data.count_elements(one_pass))
-        self.test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), self.gbs,
-                                    num_workers=cluster.num_workers, training=False)
         policy = self.test_ds.options().experimental_distribute.auto_shard_policy.name
         if hooks.input_shard():  # the adapter's processes each read their own slice
             policy = "RANK"
