@@ -12,9 +12,10 @@ the chief (task 0) holding stage 0 and driving the run. Three parts:
   end and the saved model come after training), beside the stage's share of
   the parameters (the chief's placement table).
 - time: the steady step time of M micro-batches on P stage processes, each
-  pinned to its own core, at each of `--time-batch-sizes` (`tfdist.launch --cpu-bind cores`), against the same
+  pinned to its own core (`tfdist.launch --cpu-bind cores`), against the same
   micro-batching in one process pinned to one core (`--strategy pipeline
-  --devices P` on logical devices, under `tfdist.bench.bind --share 0/P`).
+  --devices P` on logical devices, under `tfdist.bench.bind --share 0/P`), at
+  each of `--time-batch-sizes` (rows per micro-batch: batch / M).
   GPipe's ideal for that ratio is (M + P - 1) / (M P). Runs alternate
   `--repeats` times; each run's figure is its median step (the machine is
   shared, a step slowed by another job is an outlier, not the pipeline); the
