@@ -18,6 +18,7 @@ TensorFlow; `from_keras` reads them off a built Keras model.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 from tfdist.errors import ConfigError
@@ -205,19 +206,12 @@ def from_keras(model) -> Graph:
     nodes, counted = [], set()
     for node in keras_nodes(model):
         layer = node.operation
-        params = 0 if id(layer) in counted else sum(_size(w.shape) for w in layer.weights)
+        params = 0 if id(layer) in counted else sum(math.prod(w.shape) for w in layer.weights)
         counted.add(id(layer))
         nodes.append(Node(layer.name, tuple(id(t) for t in node.input_tensors),
                           tuple(id(t) for t in node.outputs), bool(layer.weights), params))
     return Graph(tuple(nodes), tuple(id(t) for t in functional.inputs),
                  tuple(id(t) for t in functional.outputs))
-
-
-def _size(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def keras_nodes(model) -> list:
