@@ -59,7 +59,13 @@ def cli() -> None:
     A worker of a MultiWorkerMirrored job exits in the order TensorFlow's
     coordination service needs (`tfdist.compat.tf_coordination_exit`).
     """
-    code, info = _main(sys.argv[1:])
+    try:
+        code, info = _main(sys.argv[1:])
+    except BrokenPipeError:
+        # The reader of a pipe left (`--help | head`): stop quietly, as a C tool killed
+        # by SIGPIPE would, and keep Python's own flush at exit from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     if code in (exit_codes.OK, exit_codes.INTERRUPTED, exit_codes.PREEMPTED):
         from tfdist.compat import tf_coordination_exit
 

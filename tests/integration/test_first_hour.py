@@ -107,3 +107,17 @@ def test_sigint_to_the_launcher_saves_reports_once_per_worker_and_rerun_resumes(
     for a, b in zip(_weights(os.path.join(base_dir, "model.keras")),
                     _weights(os.path.join(model_dir, "model.keras"))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_help_into_a_pipe_closed_early_ends_quietly():
+    """`python -m tfdist.train digits_mlp --help | head -5`: no BrokenPipeError traceback."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before the first write: every write fails
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tfdist.train", "digits_mlp", "--help"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
