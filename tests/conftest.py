@@ -134,12 +134,15 @@ def run_py(args: list[str], timeout: float = 240, env: dict | None = None,
 
 
 def run_py_many(commands: list[list[str]], parallel: int = 2, timeout: float = 300,
-                ) -> list[subprocess.CompletedProcess]:
-    """`run_py` for each command, `parallel` at a time (one per core for `--threads 1` runs)."""
+                envs: list[dict | None] | None = None) -> list[subprocess.CompletedProcess]:
+    """`run_py` for each command (with its env from `envs`, if given), `parallel` at a
+    time (one per core for `--threads 1` runs)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    envs = envs or [None] * len(commands)
     with ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(lambda args: run_py(args, timeout=timeout), commands))
+        return list(pool.map(lambda args, env: run_py(args, timeout=timeout, env=env),
+                             commands, envs))
 
 
 def wait_for_checkpoint(model_dir: str, alive=lambda: True, seconds: float = 240,
