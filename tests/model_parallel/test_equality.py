@@ -107,22 +107,38 @@ def _attention_weights(arrays, prefix):
     return {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
 
 
+def _excess(a, b):
+    """The largest |a - b| over rtol 1e-5 / atol 1e-6's allowance (> 1: not within)."""
+    return float(np.max(np.abs(a - b) / (ATOL + RTOL * np.abs(b))))
+
+
 @pytest.mark.parametrize("split", ["attn_tp", "attn_pptp"])
 def test_tensor_parallel_attention_and_feed_forward_equal_unsplit_under_adam(worker, split):
+    """Within rtol 1e-5 / atol 1e-6, or within twice as far as one process moves when its
+    starting weights move by one float32 ulp (the floor, measured in the same worker).
+
+    8 Adam steps at lr 0.01 through attention and a ReLU feed-forward pair amplify
+    rounding: on a CPU with AVX512-FP16/AMX the nudged runs end up to 12.8 allowances
+    from the unnudged one (4 of 6 seeds beyond 1), and tensor parallel 1.9 (ffn_in/kernel,
+    2.2e-6 absolute); elsewhere all within 1. A real error moves weights by > 1e-3
+    (docs/model_parallel.md), hundreds of allowances.
+    """
     arrays, report = worker
     plain, init = _attention_weights(arrays, "attn_plain"), _attention_weights(arrays, "attn_init")
     gathered = _attention_weights(arrays, split)
     assert set(gathered) == set(plain) and len(plain) == 20
     assert report["tp_forward_max_diff"] < 1e-5  # before training, the same outputs
-    for path, value in plain.items():
-        # An attention key bias gets no gradient (softmax ignores a constant shift), so
-        # Adam turns its rounding noise into full steps of random sign: it differs between
-        # any two summation orders (even 1 vs 2 MirroredStrategy replicas). Left out.
-        if path.endswith("key/bias"):
-            continue
-        # The heads' outputs are summed in another order: rounding, amplified a little by Adam.
-        np.testing.assert_allclose(gathered[path], value, rtol=1e-5, atol=1e-6, err_msg=path)
-        assert np.abs(value - init[path]).max() > 1e-2, path  # training moved it well past
+    nudged = [_attention_weights(arrays, f"attn_nudged{s}") for s in range(4)]
+    # An attention key bias gets no gradient (softmax ignores a constant shift), so Adam
+    # turns its rounding noise into full steps of random sign: it differs between any two
+    # summation orders (even 1 vs 2 MirroredStrategy replicas). Left out.
+    paths = [path for path in plain if not path.endswith("key/bias")]
+    floor = max(_excess(run[path], plain[path]) for run in nudged for path in paths)
+    allowed = max(1.0, 2 * floor)
+    assert allowed < 100, floor  # the floor itself stays far below a real error
+    for path in paths:
+        assert _excess(gathered[path], plain[path]) <= allowed, (path, floor)
+        assert np.abs(plain[path] - init[path]).max() > 1e-2, path  # training moved it well past
 
 
 def test_tensor_parallel_layers_replace_the_plain_ones_with_shards_on_their_devices(worker):

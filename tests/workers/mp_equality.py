@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 DEVICES = ["/cpu:0", "/cpu:1"]
+NUDGED = 4
 
 
 def main():
@@ -127,8 +128,7 @@ def tensor_parallel_checks(out_dir, arrays, report):
     import keras
     import tensorflow as tf
 
-    from tfdist.model_parallel import pipeline, placement
-    from tfdist.model_parallel import tensor_parallel as tp
+    from tfdist.model_parallel import pipeline, placement, surgery
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 6, 16)).astype("float32")
@@ -163,13 +163,23 @@ def tensor_parallel_checks(out_dir, arrays, report):
                          microbatches=2, tensor_parallel=2)
     report["tp_forward_max_diff"] = max(
         float(np.abs(plain((x, ctx)) - split((x, ctx))).max()) for split in (one, two))
-    report["tp_roles"] = tp.feed_forward_pairs(plain)
+    report["tp_roles"] = surgery.feed_forward_pairs(plain)
     report["tp_layer_classes"] = {layer.name: type(layer).__name__ for layer in one.inner.layers}
     # Where the shards' variables live, and where a traced step's matrix products run.
     report["tp_shard_variables"] = {v.path: v.value.device for v in one.weights}
     report["pptp_shard_variables"] = {v.path: v.value.device for v in two.weights}
     report["pptp_table"] = placement.placement_rows(two.pipeline_layers)
     fit(plain), fit(one), fit(two)
+    # The floor: the unsplit model again, its starting weights moved by one float32 ulp
+    # (a seeded random direction per element); how far rounding alone carries it here.
+    nudge = np.random.default_rng(0)
+    for seed in range(NUDGED):
+        nudged = attention_model()
+        nudged.set_weights([np.nextafter(w, np.where(nudge.random(w.shape) < 0.5, -np.inf,
+                                                     np.inf).astype(np.float32))
+                            for w in nudged.get_weights()])
+        for v in fit(nudged).weights:
+            arrays[f"attn_nudged{seed}/{v.path}"] = v.numpy()
     step = tf.function(one.train_step).get_concrete_function(
         ((tf.TensorSpec((16, 6, 16), tf.float32), tf.TensorSpec((16, 5, 12), tf.float32)),
          tf.TensorSpec((16, 6, 16), tf.float32)))
@@ -179,15 +189,15 @@ def tensor_parallel_checks(out_dir, arrays, report):
             side = products["backward" if op.name.startswith("gradient_tape/") else "forward"]
             side[op.device[-5:]] = side.get(op.device[-5:], 0) + 1
     report["tp_products"] = products
-    for name, model in (("attn_plain", plain), ("attn_tp", tp.gather_model(one.inner)),
-                        ("attn_pptp", tp.gather_model(two.inner))):
+    for name, model in (("attn_plain", plain), ("attn_tp", surgery.gather_model(one.inner)),
+                        ("attn_pptp", surgery.gather_model(two.inner))):
         for v in model.weights:
             arrays[f"{name}/{v.path}"] = v.numpy()
     # Saved gathered: plain Keras layers, the gathered weights, the unsplit outputs.
     path = os.path.join(out_dir, "pptp.keras")
     two.save(path)
     loaded = keras.models.load_model(path)
-    gathered = tp.gather_model(two.inner)
+    gathered = surgery.gather_model(two.inner)
     report["tp_saved_classes"] = sorted({type(layer).__module__.split(".")[0]
                                          for layer in loaded.layers})
     report["tp_saved_equal"] = all(np.array_equal(a, b) for a, b in zip(
