@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import deferred, placement
+from tfdist.model_parallel import deferred, surgery
 
 
 def build():
@@ -37,7 +37,7 @@ def test_the_placed_copy_starts_with_the_eager_builds_weights_on_its_devices():
     keras.utils.set_random_seed(3)
     lazy = deferred.build_without_values(build)
     cpu = "/job:localhost/replica:0/task:0/device:CPU:0"
-    clone = placement.placed_clone(lazy, {name: cpu for name in ("a", "norm", "b", "c")})
+    clone = surgery.placed_clone(lazy, {name: cpu for name in ("a", "norm", "b", "c")})
     assert not deferred.has_deferred(clone)
     for got, want in zip(clone.get_weights(), eager.get_weights()):
         np.testing.assert_array_equal(got, want)

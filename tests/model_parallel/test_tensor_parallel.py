@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import plan
+from tfdist.model_parallel import plan, surgery
 from tfdist.model_parallel.graph import Graph, Node
-from tfdist.model_parallel.tensor_parallel import dense_pairs
+from tfdist.model_parallel.graph import dense_pairs
 
 SAME = ["/cpu:0", "/cpu:0"]  # two shards, one device
 FORWARD = dict(rtol=1e-5, atol=1e-6)  # only the heads' sum runs in another order
@@ -142,11 +142,11 @@ def test_clone_function_and_gather_model_round_trip(tp):
     h = keras.layers.Dense(16, activation="relu", name="ffn_in")(h)
     h = keras.layers.Dense(8, name="ffn_out")(h)
     model = keras.Model(tokens, keras.layers.Dense(3, name="logits")(h))
-    roles = tp.feed_forward_pairs(model)
+    roles = surgery.feed_forward_pairs(model)
     assert roles == {"ffn_in": "column", "ffn_out": "row"}
-    split = keras.models.clone_model(model,
-                                     clone_function=tp.tensor_parallel_clone_function(SAME, roles))
-    tp.copy_weights(model, split)
+    split = keras.models.clone_model(
+        model, clone_function=surgery.tensor_parallel_clone_function(SAME, roles))
+    surgery.copy_weights(model, split)
     kinds = {layer.name: type(layer).__name__ for layer in split.layers}
     assert kinds == {"tokens": "InputLayer", "attn": "HeadParallelAttention",
                      "ffn_in": "ColumnParallelDense", "ffn_out": "RowParallelDense",
@@ -155,11 +155,11 @@ def test_clone_function_and_gather_model_round_trip(tp):
     (x,) = _inputs((2, 6, 8))
     np.testing.assert_allclose(split(x), model(x), **FORWARD)
     assert [r[1] for r in placement.placement_rows(split.layers[1:])] == ["CPU:0"] * 4
-    plain = tp.gather_model(split)
+    plain = surgery.gather_model(split)
     assert {type(layer).__module__.split(".")[0] for layer in plain.layers} == {"keras"}
     for a, b in zip(plain.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert tp.gather_model(model) is model  # nothing to gather
+    assert surgery.gather_model(model) is model  # nothing to gather
 
 
 def test_unsupported_features_are_refused_naming_the_layer(tp):
@@ -263,8 +263,8 @@ def test_optimizers_reading_whole_variables_are_refused_on_shards(tp):
     tokens = keras.Input((4, 8))
     h = keras.layers.Dense(16, activation="relu", name="ffn_in")(tokens)
     model = keras.Model(tokens, keras.layers.Dense(8, name="ffn_out")(h))
-    split = [tp.parallel_copy(model.get_layer("ffn_in"), SAME, "column"),
-                              tp.parallel_copy(model.get_layer("ffn_out"), SAME, "row")]
+    split = [surgery.parallel_copy(model.get_layer("ffn_in"), SAME, "column"),
+             surgery.parallel_copy(model.get_layer("ffn_out"), SAME, "row")]
     for optimizer in (keras.optimizers.Adam(global_clipnorm=1.0), keras.optimizers.SGD(0.1),
                       keras.optimizers.Lion(), keras.optimizers.AdamW()):
         tp.check_optimizer(optimizer, split)  # elementwise steps, one global norm: fine

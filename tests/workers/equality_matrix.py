@@ -126,9 +126,9 @@ def save_split(model, out):
 def save_towers(model, kinds, stem):
     """STEM with KIND for OPTIMIZER: writes KIND-REST.npz per tower, keys without the prefix."""
     if hasattr(model, "unsplit"):  # model_parallel, pipeline: the plain model, shards gathered
-        from tfdist.model_parallel import tensor_parallel
+        from tfdist.model_parallel import surgery
 
-        model = tensor_parallel.gather_model(model.unsplit())
+        model = surgery.gather_model(model.unsplit())
     for kind in kinds:
         prefix = f"{kind}_"
         np.savez(stem.format(kind=kind), **{v.path[len(prefix):]: v.numpy()

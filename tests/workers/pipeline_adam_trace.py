@@ -56,7 +56,7 @@ def main():
     import model_parallel_mlp as recipe
 
     from tfdist import data
-    from tfdist.model_parallel import pipeline, tensor_parallel
+    from tfdist.model_parallel import pipeline, surgery, tensor_parallel
 
     cfg = dict(hidden_layers=4, hidden_units=256, test_fraction=0.2)
     batches = list(data.prepare(recipe.build_dataset(cfg, "train"), BATCH, repeat=True)
@@ -87,14 +87,14 @@ def main():
 
     def weights(model):  # the plain model's weights (tensor-parallel shards gathered)
         inner = getattr(model, "inner", model)
-        return (tensor_parallel.gather_model(inner) if sharded(model) else inner).get_weights()
+        return (surgery.gather_model(inner) if sharded(model) else inner).get_weights()
 
     def set_weights(model, ws):
         inner = getattr(model, "inner", model)
         if sharded(model):
             source = plain()
             source.set_weights(ws)
-            tensor_parallel.copy_weights(source, inner)
+            surgery.copy_weights(source, inner)
         else:
             inner.set_weights(ws)
 

@@ -255,3 +255,40 @@ def _functional(model):
             f"with an Input. Received {type(model).__name__} {model.name!r}. Build it with "
             "keras.Input(...) and layer calls, or use a data-parallel strategy.")
     return model
+
+
+def dense_pairs(graph, dense: set[str]) -> dict[str, str]:
+    """Pure function: the feed-forward pairs among a model's Dense layers.
+
+    A pair is a Dense called once whose output only one call reads, that of
+    another Dense called once, which reads nothing else (and the output is
+    not a model output). The first becomes column-parallel, the second
+    row-parallel: between them each device keeps its slice of the hidden
+    units. Pairs do not overlap (in Dense -> Dense -> Dense only the first
+    two pair).
+
+    Args:
+        graph: A `tfdist.model_parallel.graph.Graph`.
+        dense: Names of the layers that are plain `keras.layers.Dense`.
+
+    Returns:
+        layer name -> "column" or "row".
+    """
+    span = graph.layer_span()
+    once = {name for name, (a, b) in span.items() if a == b and name in dense}
+    readers: dict = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers.setdefault(t, []).append(node)
+    roles: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.layer not in once or node.layer in roles or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        after = readers.get(out, [])
+        if out in graph.outputs or len(after) != 1:
+            continue
+        nxt = after[0]
+        if nxt.layer in once and nxt.layer not in roles and nxt.inputs == (out,):
+            roles[node.layer], roles[nxt.layer] = "column", "row"
+    return roles

@@ -29,8 +29,7 @@ import functools
 
 from tfdist.errors import ConfigError
 from tfdist.model_parallel import graph as graph_lib
-from tfdist.model_parallel import placement as placement_lib
-from tfdist.model_parallel import placed_updates, plan, schedules, update_order
+from tfdist.model_parallel import placed_updates, plan, schedules, surgery, update_order
 
 
 def _add(a, b):
@@ -60,7 +59,7 @@ def _model_class():
         """A placed copy of a model, cut into stages, trained with a pipeline schedule.
 
         Args:
-            inner: The placed copy (`placement.placed_clone`), a plain Keras model.
+            inner: The placed copy (`surgery.placed_clone`), a plain Keras model.
             stage_of: layer name -> stage index.
             stage_devices: The device of each stage, or its tuple of devices
                 when the stage is tensor-parallel (it runs under the first).
@@ -321,13 +320,11 @@ def _model_class():
 
         def save(self, filepath, *args, **kwargs):
             """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""
-            from tfdist.model_parallel import tensor_parallel
-
-            return tensor_parallel.gather_model(self.inner).save(filepath, *args, **kwargs)
+            return surgery.gather_model(self.inner).save(filepath, *args, **kwargs)
 
         def unsplit(self):
             """The Keras model sharing these layers and variables (tensor-parallel
-            layers stay split; `tensor_parallel.gather_model` makes it plain)."""
+            layers stay split; `surgery.gather_model` makes it plain)."""
             return self.inner
 
     return PipelineModel
@@ -376,7 +373,7 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         extra = []
         for group in groups_of[1:]:
             stage_groups = _groups(group, tensor_parallel)
-            extra.append((placement_lib.placed_clone(
+            extra.append((surgery.placed_clone(
                 model, {name: stage_groups[s] for name, s in stage_of.items()}),
                 stage_groups))
         return _model_class()(first.inner, stage_of, first.stage_groups, microbatches,
@@ -403,7 +400,7 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
                     f"Layer {node.layer!r} is called in stage {stage_of[node.layer]} and stage "
                     f"{s}; a shared layer's weights live on one device. Keep its calls in one "
                     "stage (--placement), or use a data-parallel strategy.")
-    inner = placement_lib.placed_clone(
+    inner = surgery.placed_clone(
         model, {name: stage_devices[s] for name, s in stage_of.items()})
     return _model_class()(inner, stage_of, stage_devices, microbatches, schedule,
                           name=model.name)

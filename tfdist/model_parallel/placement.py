@@ -54,48 +54,6 @@ def check_regularizers(model) -> None:
                               "data-parallel strategy.")
 
 
-def placed_clone(model, device_of: dict):
-    """A copy of `model` whose every layer is a fresh copy built on its device, with its weights.
-
-    Copies come from each layer's config, are placed with `place_layer`
-    (variables and compute), built as `keras.models.clone_model` rewires the
-    graph, and given the original's weights, so a split model starts exactly
-    where the unsplit one does, and saves as a plain Keras model. A layer
-    given several devices is made tensor-parallel over them
-    (`tensor_parallel.tensor_parallel_clone_function`: attention by heads,
-    feed-forward Dense pairs by units; other layers on the first device).
-
-    Args:
-        model: A built functional or Sequential Keras model.
-        device_of: layer name -> device, or a tuple of devices (tensor parallel).
-    """
-    import keras
-
-    from tfdist.model_parallel import deferred, tensor_parallel
-
-    groups = {name: (d,) if isinstance(d, str) else tuple(d) for name, d in device_of.items()}
-    check_devices(sorted({d for group in groups.values() for d in group}))
-    check_regularizers(model)
-    roles = (tensor_parallel.feed_forward_pairs(model)
-             if any(len(g) > 1 for g in groups.values()) else {})
-    clones = {g: tensor_parallel.tensor_parallel_clone_function(g, roles)
-              for g in set(groups.values())}
-
-    def copy(layer):
-        if isinstance(layer, keras.layers.InputLayer):
-            return layer.__class__.from_config(layer.get_config())
-        return clones[groups[layer.name]](layer)
-
-    if deferred.has_deferred(model):  # built without values: each made where it lives
-        clone = deferred.build_without_values(
-            lambda: keras.models.clone_model(model, clone_function=copy))
-        deferred.initialize_like(model, clone)
-        return clone
-    clone = keras.models.clone_model(model, clone_function=copy)
-    tensor_parallel.copy_weights(model, clone)
-    return clone
-
-
 def placed_copy(layer, device: str):
     """A fresh, unbuilt copy of `layer` from its config, placed on `device`.
 
