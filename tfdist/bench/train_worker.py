@@ -51,11 +51,13 @@ def main(argv: list[str]) -> int:
     try:
         result = trainer.train(recipe, cfg, info, callbacks=callbacks)
     except timing.AllDone:  # a process training alone (one task): it is its own chief
+        from tfdist.settings import Settings
+
+        gbs = Settings.of(cfg).training.global_batch_size
         step_s = timing.steady_step_s(timer.times, warmup)
         runs.emit({"strategy": "single", "num_replicas": 1, "num_workers": 1,
-                   "global_batch_size": cfg["global_batch_size"], "steps": len(timer.times),
-                   "warmup_steps": warmup, "step_s": step_s,
-                   "examples_per_s": cfg["global_batch_size"] / step_s,
+                   "global_batch_size": gbs, "steps": len(timer.times), "warmup_steps": warmup,
+                   "step_s": step_s, "examples_per_s": gbs / step_s,
                    "step_end_times": timer.times})
         return 0
     if result.cluster.is_chief:
