@@ -88,7 +88,7 @@ def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
 
 def test_allreduce_shm_and_mwms(tmp_path):
     result, stdout, _ = _bench(tmp_path, "allreduce", "--sizes", "4KB,16MB", "--iters", "2",
-                            "--variants", "0,2", "--small-tensors", "30", timeout=420)
+                               "--variants", "0,2", "--small-tensors", "30", timeout=420)
     assert [r["engine"] for r in result["results"]] == ["shm", "mwms"]
     for r in result["results"]:
         assert [p["size_mb"] for p in r["points"]] == [0.004, 16.0]
@@ -113,7 +113,7 @@ def test_allreduce_shm_and_mwms(tmp_path):
 
 def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
     result, stdout, _ = _bench(tmp_path, "allreduce", "--sizes", "4MB", "--iters", "3",
-                            "--variants", "2,9,10", "--small-tensors", "0", timeout=420)
+                               "--variants", "2,9,10", "--small-tensors", "0", timeout=420)
     mwms, mwms_fp16, shm_fp16 = (r["points"][0]["wire_mb_per_rank"] for r in result["results"])
     # MWMS: bytes its gRPC ring wrote to sockets, measured, not the tensor size assumed.
     assert mwms > 3.0 and 0.4 < mwms_fp16 / mwms < 0.6, (mwms, mwms_fp16)
@@ -123,9 +123,9 @@ def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
 
 def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
     result, stdout, _ = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
-                            "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
-                            "--rounds", "2", "--max-rounds", "2", "--compare", "runs",
-                            timeout=900)
+                               "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
+                               "--rounds", "2", "--max-rounds", "2", "--compare", "runs",
+                               timeout=900)
     assert result["engines"] == ["single"] and result["cpu_bind"] == "none"  # the default
     assert result["compare"] == "runs" and result["results"]["single"]["segment_step_s"] == []
     r = result["results"]["single"]
@@ -148,11 +148,11 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     # of the 6 paired runs trains, evaluates and saves wide_mlp's 4.7M parameters in about
     # 13 s, digits_mlp's in about 3 s.
     result, stdout, _ = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
-                            "--recipe", "digits_mlp", "--global-batch-size", "16",
-                            "--segment-steps", "3", "--segments", "4", "--warmup", "4",
-                            "--rounds", "2", "--max-rounds", "2",
-                            "--variants", "no_csv_log,raw_vs_raw",
-                            timeout=900)
+                               "--recipe", "digits_mlp", "--global-batch-size", "16",
+                               "--segment-steps", "3", "--segments", "4", "--warmup", "4",
+                               "--rounds", "2", "--max-rounds", "2",
+                               "--variants", "no_csv_log,raw_vs_raw", "--keep-runs",
+                               timeout=900)
     assert result["compare"] == "segments" and result["segment_steps"] == 3
     r = result["results"]["multi_worker"]
     assert r["rounds"] == 2 and len(r["segment_step_s"]) == 2
@@ -173,7 +173,7 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     assert control == pytest.approx(sum(r["variant_ratios_per_round"]["raw_vs_raw"]) / 2)
     assert len(r["examples_per_s"]["raw_vs_raw"]) == 2 and 0.5 < control < 2.0
     assert "; raw_vs_raw " in stdout
-    runs_dir = tmp_path / "bench" / "runs"  # the trainer's model dirs: none for the control
+    runs_dir = tmp_path / "bench" / "runs"  # kept model dirs of the trainer: none for the control
     assert (runs_dir / "multi_worker_no_csv_log_1").is_dir()
     assert not any(p.name.startswith("multi_worker_raw_vs_raw") for p in runs_dir.iterdir())
 
@@ -190,7 +190,8 @@ def test_collectives_two_workers_match_numpy(tmp_path):
 
 def test_comm(tmp_path):
     result, stdout, _ = _bench(tmp_path, "comm", "--steps", "4", "--warmup", "1",
-                            "--per-worker-batch", "8", "--bandwidth-gbs", "0.5", "--gflops", "50")
+                               "--per-worker-batch", "8", "--bandwidth-gbs", "0.5",
+                               "--gflops", "50")
     assert result["model"]["params"] == 4_731_914
     p = result["predicted"]
     assert p["step_s"] == pytest.approx(p["compute_s"] + p["comm_s"])
@@ -209,7 +210,7 @@ def test_allreduce_across_hosts_is_bounded_by_the_shaped_link(tmp_path):
         pytest.skip(reason)
     # 100 Mbit/s: 4 MB takes >= 0.3 s on the link, long beside the token bucket's burst.
     result, stdout, _ = _bench(tmp_path, "allreduce", "--hosts", "2", "--rate", "100mbit",
-                            "--sizes", "4MB", "--iters", "2", "--variants", "0,2")
+                               "--sizes", "4MB", "--iters", "2", "--variants", "0,2")
     assert (result["hosts"], result["rate"], result["ranks"]) == (2, "100mbit", 2)
     assert result["link_gbs"] == pytest.approx(0.0125)
     assert [r["engine"] for r in result["results"]] == ["mwms"]  # shm is one host's memory
