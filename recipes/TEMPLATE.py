@@ -3,6 +3,7 @@
     cp recipes/TEMPLATE.py my_model.py     # then edit; run it from that directory with:
     python -m tfdist.train my_model --epochs 2
     python -m tfdist.launch -n 2 -- python -m tfdist.train my_model --strategy multi_worker
+    python -m tfdist.predict runs/my_model/single 0.5,-1,2,0,0,0,0,0,0,0,0,0,0,0,0,1  # its class
 
 A recipe says WHAT to train; tfdist decides HOW (strategy, sharding, batching,
 backups, chief-only writes). So a recipe never builds a strategy, never
@@ -10,12 +11,14 @@ batches or shards its data and never writes into the model dir itself.
 Import Keras and TensorFlow inside the functions: tfdist loads the recipe to
 check your flags before TensorFlow starts. Required: DEFAULTS, build_model,
 build_dataset. Optional: compile_kwargs, build_optimizer, callbacks,
-train_step (delete the ones you do not need; tfdist's defaults take over).
+train_step, predict (delete the ones you do not need; tfdist's defaults take
+over).
 
 This one learns a noisy linear 4-class problem it generates (no download).
 """
 
-from tfdist.option import Option  # pure Python: no TensorFlow
+from tfdist.errors import ConfigError  # pure Python: no TensorFlow
+from tfdist.option import Option
 
 DEFAULTS = dict(
     # Framework options you want different by default (any `--help` option):
@@ -116,3 +119,27 @@ def train_step(model, data):
         result = metric.result()
         logs.update(result if isinstance(result, dict) else {metric.name: result})
     return {**logs, "grad_norm": tf.linalg.global_norm(grads)}
+
+
+def predict(model, inputs, cfg):
+    """What `python -m tfdist.predict RUN_DIR INPUT...` prints, one line per INPUT.
+
+    `model` is the run's model.keras (loaded without compiling), `inputs` the
+    INPUT strings as typed, `cfg` the run's configuration (its options as it
+    trained). Return one printable result per input. Raise ConfigError for an
+    input you cannot read: the command prints it as one line and exits 2.
+    This one reads num_features comma-separated numbers and returns the class."""
+    import numpy as np
+
+    rows = []
+    for text in inputs:
+        try:
+            row = [float(v) for v in text.split(",")]
+        except ValueError:
+            row = []
+        if len(row) != cfg["num_features"]:
+            raise ConfigError(f"TEMPLATE: an input is {cfg['num_features']} comma-separated "
+                              f"numbers. Received: {text!r}.")
+        rows.append(row)
+    logits = model.predict(np.array(rows, dtype="float32"), verbose=0)
+    return [str(int(c)) for c in np.argmax(logits, axis=1)]

@@ -42,6 +42,13 @@ Launch:
         --microbatches 4                       # 2 stages, each split by heads over 2 devices
     python -m tfdist.train numbers_to_words --max-digits 4 --d-model 32 --ff-width 64 \\
         --num-train 2000 --num-test 200 --epochs 3 --warmup-steps 20   # seconds
+
+Use: `python -m tfdist.predict runs/numbers_to_words/single 305 42` prints
+"three zero five" and "four two" (`predict`, greedy decoding). A model that
+learns every number below 1000 in about 5 s here:
+    python -m tfdist.train numbers_to_words --max-digits 3 --d-model 32 --num-heads 2 \\
+        --ff-width 64 --encoder-layers 1 --decoder-layers 1 --num-train 800 --num-test 100 \\
+        --epochs 6 --global-batch-size 32 --warmup-steps 10
 """
 
 from __future__ import annotations
@@ -330,3 +337,24 @@ def evaluate(model, cfg):
     predicted = greedy_decode(model, digits, cfg["max_digits"] + 1)
     return {"exact_match": exact_match(predicted, words_out),
             "exact_match_examples": len(digits)}
+
+
+def predict(model, inputs, cfg):
+    """`python -m tfdist.predict`: the words of each number in `inputs` ("305" -> "three zero
+    five"), by greedy decoding.
+
+    Raises:
+        ConfigError: for an input that is not a non-negative integer of at most
+            max_digits digits (what the model was trained on).
+    """
+    n = cfg["max_digits"]
+    numbers = []
+    for text in inputs:
+        text = str(text).strip()
+        if not (text.isascii() and text.isdigit()) or len(str(int(text))) > n:
+            raise ConfigError(f"numbers_to_words: an input is an integer from 0 to "
+                              f"{10 ** n - 1} (this model was trained with --max-digits {n}). "
+                              f"Received: {text!r}.")
+        numbers.append(int(text))
+    digits, _, _ = encode(numbers, n)
+    return [to_text(row) for row in greedy_decode(model, digits, n + 1)]

@@ -24,6 +24,12 @@ def test_render_is_indented_key_value_lines():
     assert text.splitlines() == ["a:", "  b: 1", "  c: -", "d: x"]
 
 
+def test_render_says_none_for_an_empty_section():
+    # `environment` is empty when no cluster variable is set: no bare heading.
+    text = env.render({"environment": {}, "slurm": {"srun": None}})
+    assert text.splitlines() == ["environment: none", "slurm:", "  srun: -"]
+
+
 @pytest.mark.integration
 def test_env_reports_versions_build_flags_and_the_cluster():
     has_venv = os.access(os.path.join(HOROVOD_VENV, "bin", "horovodrun"), os.X_OK)

@@ -110,6 +110,33 @@ def test_probe_names_the_path_and_errno(tmp_path, make):
     assert str(bad) in message and ("[Errno 17] EEXIST" in message or "ENOTDIR" in message)
 
 
+@pytest.mark.parametrize("has_backup", [False, True])
+def test_read_only_dir_advice_depends_on_whether_there_is_a_run_to_resume(
+        tmp_path, monkeypatch, has_backup):
+    # chmod does not stop root (the CI user), so the write fails as a read-only mount would.
+    target = tmp_path / "m"
+    (target / "backup").mkdir(parents=True)
+    if has_backup:
+        (target / "backup" / "ckpt-0000000004.npz").write_bytes(b"x")
+    real_open = open
+
+    def read_only(path, *args, **kwargs):
+        if ".probe." in str(path):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", read_only)
+    with pytest.raises(StorageError) as e:
+        model_dir.probe(str(target))
+    message = str(e.value)
+    assert "\n" not in message and "[Errno 30] EROFS" in message
+    if has_backup:
+        assert "backups (1 in" in message and "rerun to resume" in message
+    else:
+        assert "Nothing was trained there yet" in message and "--model-dir DIR" in message
+        assert "resume" not in message and "intact" not in message
+
+
 def test_free_space_check_names_both_sizes(tmp_path):
     model_dir.check_free_space(str(tmp_path), 1)
     with pytest.raises(StorageError, match=r"ENOSPC: .* MB free, one backup needs about"):

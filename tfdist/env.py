@@ -129,12 +129,14 @@ def collect() -> dict:
 
 
 def render(report: dict) -> str:
-    """Pure function: the report as indented `key: value` lines."""
+    """Pure function: the report as indented `key: value` lines ("none" for an empty section)."""
     lines = []
 
     def walk(obj, indent):
         for key, value in obj.items():
-            if isinstance(value, dict):
+            if isinstance(value, dict) and not value:  # nothing set: say so, no bare heading
+                lines.append(f"{'  ' * indent}{key}: none")
+            elif isinstance(value, dict):
                 lines.append(f"{'  ' * indent}{key}:")
                 walk(value, indent + 1)
             else:

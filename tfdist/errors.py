@@ -59,15 +59,22 @@ class StorageError(ConfigError):
     """
 
 
-def describe_os_error(e: OSError, path: str, what: str = "cannot write") -> str:
-    """One line for an OSError: '<what>: cannot write PATH: [Errno 28] ENOSPC: ...'."""
+RESUME_ADVICE = ("The previous backup (if any) is intact; fix the storage or pass another "
+                 "--model-dir, then rerun to resume.")
+
+
+def describe_os_error(e: OSError, path: str, what: str = "cannot write",
+                      advice: str = RESUME_ADVICE) -> str:
+    """One line for an OSError: '<what>: PATH: [Errno 28] ENOSPC: ... <advice>'.
+
+    The default advice suits a write during training (a backup was written
+    before); a check before anything was written passes its own.
+    """
     import errno as errno_lib
 
     name = errno_lib.errorcode.get(e.errno, "?") if e.errno else "?"
     where = e.filename or path
-    return (f"{what}: {where}: [Errno {e.errno}] {name}: {e.strerror or e}. The previous "
-            "backup (if any) is intact; fix the storage or pass another --model-dir, then "
-            "rerun to resume.")
+    return f"{what}: {where}: [Errno {e.errno}] {name}: {e.strerror or e}. {advice}"
 
 
 class CollectiveMismatchError(RuntimeError):

@@ -61,7 +61,21 @@ def probe(model_dir: str) -> None:
             os.fsync(f.fileno())
         os.remove(path)
     except OSError as e:
-        raise StorageError(describe_os_error(e, path, "the model dir is not writable")) from None
+        raise StorageError(describe_os_error(e, path, "the model dir is not writable",
+                                             _probe_advice(backup))) from None
+
+
+def _probe_advice(backup: str) -> str:
+    """What to do when the probe failed: a new run has nothing to resume."""
+    try:
+        held = [f for f in os.listdir(backup) if not f.startswith(".")]
+    except OSError:  # no backup dir, or not even readable: nothing to resume from here
+        held = []
+    if held:
+        return (f"Its backups ({len(held)} in {backup}) are intact: make the dir writable and "
+                "rerun to resume, or pass --model-dir DIR to start a separate run elsewhere.")
+    return ("Nothing was trained there yet: make it writable, or pass --model-dir DIR "
+            "naming a directory you can write.")
 
 
 def check_free_space(model_dir: str, needed: int) -> None:

@@ -21,7 +21,10 @@ A recipe is a small Python module with:
 * optionally ``train_step(model, data)``: one training step, as the body of
   Keras 3's `Model.train_step(self, data)` (forward, loss, gradients,
   `model.optimizer.apply`, metrics); returns the logs dict. It runs on every
-  replica inside `fit`; the optimizer all-reduces the gradients.
+  replica inside `fit`; the optimizer all-reduces the gradients;
+* optionally ``predict(model, inputs, cfg)``: what `python -m tfdist.predict
+  RUN_DIR INPUT...` prints for the trained model, one result per INPUT string
+  (`tfdist.predict`).
 
 `recipes/TEMPLATE.py` is a copyable recipe with every member. Recipes import
 Keras/TensorFlow inside these functions, so that loading one to validate
@@ -46,7 +49,7 @@ from tfdist.errors import ConfigError
 from tfdist.option import Option
 
 REQUIRED = ("DEFAULTS", "build_model", "build_dataset")
-OPTIONAL_FUNCTIONS = ("compile_kwargs", "build_optimizer", "callbacks", "train_step")
+OPTIONAL_FUNCTIONS = ("compile_kwargs", "build_optimizer", "callbacks", "train_step", "predict")
 
 
 def _shipped_dir(package: str) -> str:

@@ -25,23 +25,30 @@ def _bench(tmp_path, name, *flags, timeout=240):
     with open(os.path.join(out, f"{name}.json"), encoding="utf-8") as f:
         result = json.load(f)
     assert result["benchmark"] == name and result["machine"]["host_cpus"] >= 1
-    return result, proc.stdout
+    return result, proc.stdout, proc.stderr
 
 
 def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
-    # 30 steps (about 10 ms each): the control times each worker over the steps all ran side by
-    # side after the warm-up, at least 2 step ends of each, and a busy machine can wake one
-    # worker tens of ms after the other.
-    result, stdout = _bench(tmp_path, "scaling", "--recipes", "wide_mlp", "--steps", "30",
-                            "--warmup", "1", "--per-worker-batch", "8", "--modes", "weak",
-                            "--strategies", "shm", "--grad-compression", "none,fp16",
-                            "--repeats", "2", "--train-flags=--preempt-check-steps 100",
-                            "--cpu-bind", "cores", "--control", timeout=900)
+    # digits_mlp's steps take about 1 ms: 10 of them once ended one control worker before the
+    # other had run 2 (#38); each now steps on until both ran their 10.
+    result, stdout, stderr = _bench(
+        tmp_path, "scaling", "--recipes", "digits_mlp", "--steps", "10", "--warmup", "2",
+        "--per-worker-batch", "8", "--modes", "weak", "--strategies", "shm",
+        "--grad-compression", "none,fp16", "--repeats", "2",
+        "--train-flags=--preempt-check-steps 100", "--cpu-bind", "cores", "--control",
+        timeout=900)
+    # What a run leaves (model.keras, backups) went with it, and each run said so as it ended.
+    assert sorted(os.listdir(tmp_path / "bench")) == ["scaling.json", "scaling.png"]
+    progress = [line for line in stderr.splitlines() if line.startswith("[")]
+    assert [line.split()[0] for line in progress] == [f"[{i}/8]" for i in range(1, 9)], stderr
+    assert "control, 2 workers alone:" in progress[1] and "examples/s" in progress[1]
+    table = [line for line in stdout.splitlines() if not line.startswith("wrote ")]  # paths
+    assert max(len(line) for line in table) <= 100, stdout
     assert result["train_flags"] == "--preempt-check-steps 100" and result["inter_op_threads"] == 1
     assert result["cpu_bind"] == "cores"
-    base = result["baselines"]["wide_mlp"]["weak"]
+    base = result["baselines"]["digits_mlp"]["weak"]
     assert base["global_batch_size"] == 8 and len(base["tries_examples_per_s"]) == 2
-    curves = result["results"]["wide_mlp"]
+    curves = result["results"]["digits_mlp"]
     assert set(curves) == {"shm", "shm+fp16"} and "strong" not in result
     for name, comp in (("shm", "none"), ("shm+fp16", "fp16")):
         c = curves[name]["weak"]
@@ -57,9 +64,9 @@ def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
         assert len(per_repeat) == 2 and c["efficiency_range"][1] == [min(per_repeat),
                                                                      max(per_repeat)]
         assert c["noise"] == [e > 1 for e in c["efficiency"]]
-    assert "noise" in result["note"] and "per repeat" in stdout
+    assert "noise" in result["note"] and "range" in stdout
     # The no-communication control: 2 `single` workers alone, together, each repeat.
-    control = result["controls"]["wide_mlp"]["weak"]
+    control = result["controls"]["digits_mlp"]["weak"]
     assert result["control"] is True and control["workers"] == [1, 2]
     assert control["runs"][0]["step_s"] == base["step_s"]  # one worker is its own control
     two = control["runs"][1]
@@ -76,12 +83,12 @@ def test_scaling_shares_one_repeated_baseline_and_flags_noise(tmp_path):
         assert c["efficiency_vs_control"][1] > 0
         assert c["efficiency"][1] == pytest.approx(
             control["efficiency"][1] * c["efficiency_vs_control"][1])
-    assert "vs control" in stdout and "control (no comm)" in stdout
+    assert "vs ctrl" in stdout and "control (no comm)" in stdout
 
 
 def test_allreduce_shm_and_mwms(tmp_path):
-    result, stdout = _bench(tmp_path, "allreduce", "--sizes", "4KB,16MB", "--iters", "2",
-                            "--variants", "0,2", "--small-tensors", "30", timeout=420)
+    result, stdout, _ = _bench(tmp_path, "allreduce", "--sizes", "4KB,16MB", "--iters", "2",
+                               "--variants", "0,2", "--small-tensors", "30", timeout=420)
     assert [r["engine"] for r in result["results"]] == ["shm", "mwms"]
     for r in result["results"]:
         assert [p["size_mb"] for p in r["points"]] == [0.004, 16.0]
@@ -105,8 +112,8 @@ def test_allreduce_shm_and_mwms(tmp_path):
 
 
 def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
-    result, stdout = _bench(tmp_path, "allreduce", "--sizes", "4MB", "--iters", "3",
-                            "--variants", "2,9,10", "--small-tensors", "0", timeout=420)
+    result, stdout, _ = _bench(tmp_path, "allreduce", "--sizes", "4MB", "--iters", "3",
+                               "--variants", "2,9,10", "--small-tensors", "0", timeout=420)
     mwms, mwms_fp16, shm_fp16 = (r["points"][0]["wire_mb_per_rank"] for r in result["results"])
     # MWMS: bytes its gRPC ring wrote to sockets, measured, not the tensor size assumed.
     assert mwms > 3.0 and 0.4 < mwms_fp16 / mwms < 0.6, (mwms, mwms_fp16)
@@ -115,10 +122,10 @@ def test_allreduce_fp16_compression_halves_the_bytes_on_the_wire(tmp_path):
 
 
 def test_overhead_reports_the_ratio_with_its_interval_and_every_round(tmp_path):
-    result, stdout = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
-                            "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
-                            "--rounds", "2", "--max-rounds", "2", "--compare", "runs",
-                            timeout=900)
+    result, stdout, _ = _bench(tmp_path, "overhead", "--workers", "1", "--recipe", "wide_mlp",
+                               "--global-batch-size", "8", "--steps", "5", "--warmup", "1",
+                               "--rounds", "2", "--max-rounds", "2", "--compare", "runs",
+                               timeout=900)
     assert result["engines"] == ["single"] and result["cpu_bind"] == "none"  # the default
     assert result["compare"] == "runs" and result["results"]["single"]["segment_step_s"] == []
     r = result["results"]["single"]
@@ -140,12 +147,12 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     # wide_mlp: the turns and the report's arithmetic do not depend on the model, and each
     # of the 6 paired runs trains, evaluates and saves wide_mlp's 4.7M parameters in about
     # 13 s, digits_mlp's in about 3 s.
-    result, stdout = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
-                            "--recipe", "digits_mlp", "--global-batch-size", "16",
-                            "--segment-steps", "3", "--segments", "4", "--warmup", "4",
-                            "--rounds", "2", "--max-rounds", "2",
-                            "--variants", "no_csv_log,raw_vs_raw",
-                            timeout=900)
+    result, stdout, _ = _bench(tmp_path, "overhead", "--workers", "2", "--engines", "multi_worker",
+                               "--recipe", "digits_mlp", "--global-batch-size", "16",
+                               "--segment-steps", "3", "--segments", "4", "--warmup", "4",
+                               "--rounds", "2", "--max-rounds", "2",
+                               "--variants", "no_csv_log,raw_vs_raw", "--keep-runs",
+                               timeout=900)
     assert result["compare"] == "segments" and result["segment_steps"] == 3
     r = result["results"]["multi_worker"]
     assert r["rounds"] == 2 and len(r["segment_step_s"]) == 2
@@ -166,13 +173,13 @@ def test_overhead_segments_take_turns_in_the_same_two_workers(tmp_path):
     assert control == pytest.approx(sum(r["variant_ratios_per_round"]["raw_vs_raw"]) / 2)
     assert len(r["examples_per_s"]["raw_vs_raw"]) == 2 and 0.5 < control < 2.0
     assert "; raw_vs_raw " in stdout
-    runs_dir = tmp_path / "bench" / "runs"  # the trainer's model dirs: none for the control
+    runs_dir = tmp_path / "bench" / "runs"  # kept model dirs of the trainer: none for the control
     assert (runs_dir / "multi_worker_no_csv_log_1").is_dir()
     assert not any(p.name.startswith("multi_worker_raw_vs_raw") for p in runs_dir.iterdir())
 
 
 def test_collectives_two_workers_match_numpy(tmp_path):
-    result, stdout = _bench(tmp_path, "collectives", "--workers", "2")
+    result, stdout, _ = _bench(tmp_path, "collectives", "--workers", "2")
     assert result["all_passed"] is True and set(result["passed"]) == {
         "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"}
     w0, w1 = result["workers_results"]
@@ -182,8 +189,9 @@ def test_collectives_two_workers_match_numpy(tmp_path):
 
 
 def test_comm(tmp_path):
-    result, stdout = _bench(tmp_path, "comm", "--steps", "4", "--warmup", "1",
-                            "--per-worker-batch", "8", "--bandwidth-gbs", "0.5", "--gflops", "50")
+    result, stdout, _ = _bench(tmp_path, "comm", "--steps", "4", "--warmup", "1",
+                               "--per-worker-batch", "8", "--bandwidth-gbs", "0.5",
+                               "--gflops", "50")
     assert result["model"]["params"] == 4_731_914
     p = result["predicted"]
     assert p["step_s"] == pytest.approx(p["compute_s"] + p["comm_s"])
@@ -201,8 +209,8 @@ def test_allreduce_across_hosts_is_bounded_by_the_shaped_link(tmp_path):
             pytest.fail(f"CI needs namespaced hosts: {reason}")
         pytest.skip(reason)
     # 100 Mbit/s: 4 MB takes >= 0.3 s on the link, long beside the token bucket's burst.
-    result, stdout = _bench(tmp_path, "allreduce", "--hosts", "2", "--rate", "100mbit",
-                            "--sizes", "4MB", "--iters", "2", "--variants", "0,2")
+    result, stdout, _ = _bench(tmp_path, "allreduce", "--hosts", "2", "--rate", "100mbit",
+                               "--sizes", "4MB", "--iters", "2", "--variants", "0,2")
     assert (result["hosts"], result["rate"], result["ranks"]) == (2, "100mbit", 2)
     assert result["link_gbs"] == pytest.approx(0.0125)
     assert [r["engine"] for r in result["results"]] == ["mwms"]  # shm is one host's memory

@@ -85,7 +85,12 @@ def test_control_runs_k_single_workers_together_pinned_as_the_k_worker_run(tmp_p
         assert train[train.index("--global-batch-size") + 1] == "8"  # the per-worker batch
         assert train[train.index("--threads") + 1] == "1"
         assert train[train.index("--model-dir") + 1].endswith(f"wide_mlp_control_weak_2_r0_w{i}")
+        # Room to go on past --steps 10 until both ran 10 (timing.until_all_done ends them).
+        assert train[train.index("--steps-per-epoch") + 1] == str(10 * scaling.CONTROL_STEP_CAP)
     assert got["env"]["TFDIST_BENCH_START_PARTIES"] == "2"
+    assert got["env"]["TFDIST_BENCH_DONE_STEPS"] == "10"
+    assert got["env"]["TFDIST_BENCH_DONE_DIR"] != got["env"]["TFDIST_BENCH_START_DIR"]
+    assert not (tmp_path / "runs").exists()  # the workers' model dirs went with the run
     assert got["env"]["TF_NUM_INTEROP_THREADS"] == "1"
     assert got["env"]["TFDIST_BENCH_WARMUP_STEPS"] == "2"
     assert point["examples_per_s"] == pytest.approx(80.0 + 64.0)
@@ -148,15 +153,16 @@ def test_table_has_a_control_row_per_worker_count_and_a_vs_control_column(tmp_pa
     _fake_bench(monkeypatch, [180.0])
     out = scaling.table(scaling.run(_args(tmp_path)))
     lines = out.splitlines()
-    head = next(line for line in lines if line.lstrip().startswith("recipe"))
-    assert "vs control" in head and "contention alone" in out
-    control_rows = [line for line in lines if line.lstrip().startswith("wide_mlp")
-                    and scaling.CONTROL in line]
+    assert "wide_mlp, weak scaling (load 1m 0.5-0.7):" in lines  # the recipe and mode's block
+    head = next(line for line in lines if line.lstrip().startswith("engine"))
+    assert "vs ctrl" in head and "contention alone" in out
+    control_rows = [line.split() for line in lines
+                    if line.lstrip().startswith(scaling.CONTROL + "  ")]
     assert len(control_rows) == 2  # K = 1 (the baseline) and K = 2
-    assert control_rows[1].split()[5:7] == ["2", "16"]  # workers, global batch
-    assert "0.9 " in control_rows[1]  # the control's efficiency
-    shm_two = next(line for line in lines if " shm " in line and "  2  " in line)
-    assert f"{153 / 180:.4g}" in shm_two
+    # control (no comm), workers, global batch, step ms, ex/s, speedup, the efficiency
+    assert control_rows[1][3:9] == ["2", "16", "88.9", "180", "1.80", "0.90"]
+    shm_two = next(line for line in lines if line.lstrip().startswith("shm  2 "))
+    assert shm_two.split()[-1] == f"{153 / 180:.2f}"
 
 
 def test_no_control_leaves_the_report_as_before(tmp_path, monkeypatch):
@@ -164,7 +170,7 @@ def test_no_control_leaves_the_report_as_before(tmp_path, monkeypatch):
     result = scaling.run(_args(tmp_path, flags=["--no-control"]))
     assert result["control"] is False and result["controls"] == {}
     assert "efficiency_vs_control" not in result["results"]["wide_mlp"]["shm"]["weak"]
-    assert "vs control" not in scaling.table(result)
+    assert "vs ctrl" not in scaling.table(result)
 
 
 def test_plot_draws_a_row_against_one_worker_and_a_row_against_the_control(tmp_path,
@@ -198,3 +204,17 @@ def test_start_barrier_holds_each_process_after_its_warmup_until_every_party_is_
     barrier.on_train_batch_end(2)  # once only
     with pytest.raises(RuntimeError, match="2 of 3 processes reached the start barrier"):
         timing.start_barrier(directory, parties=3, timeout_s=0.05).on_train_begin()
+
+
+def test_until_all_done_keeps_a_process_stepping_until_every_one_ran_its_steps(tmp_path):
+    directory = str(tmp_path / "done")
+    os.makedirs(directory)
+    done = timing.until_all_done(directory, parties=2, steps=2)
+    done.on_train_batch_end(0)
+    assert os.listdir(directory) == []
+    done.on_train_batch_end(1)  # through its own steps: marked, but the other is not
+    assert os.listdir(directory) == [str(os.getpid())]
+    done.on_train_batch_end(2)  # so it goes on stepping
+    open(os.path.join(directory, "1"), "w").close()  # the other process got through
+    with pytest.raises(timing.AllDone):
+        done.on_train_batch_end(3)

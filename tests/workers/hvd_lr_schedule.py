@@ -24,7 +24,8 @@ class RecordLR(keras.callbacks.Callback):
         self.batches, self.epochs = [], []
 
     def _lr(self):
-        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        return float(keras.ops.convert_to_numpy(
+            keras.ops.convert_to_tensor(self.model.optimizer.learning_rate)))
 
     def on_train_batch_begin(self, batch, logs=None):
         self.batches.append(self._lr())

@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         modules[name] = module
         p = sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
         p.add_argument("--out", default="bench_out", help="directory for NAME.json and NAME.png")
+        p.add_argument("--keep-runs", action="store_true",
+                       help="keep each training run's model dir (model.keras, backups, "
+                            "metrics.json) under OUT/runs; by default each is removed once its "
+                            "figures are read")
         module.add_arguments(p)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.command:

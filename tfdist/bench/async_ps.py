@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from tfdist.bench.runs import child_env
+from tfdist.bench.runs import child_env, model_dir as scratch_model_dir
 
 DESCRIPTION = "sync (multi_worker) vs async (parameter_server) throughput and loss, one slow worker"
 MODES = ("sync", "async")
@@ -53,16 +53,17 @@ def command(mode: str, args, delay_ms: int, model_dir: str) -> list[str]:
 
 
 def _one(mode: str, args, delay_ms: int) -> dict:
-    model_dir = os.path.join(os.path.abspath(args.out), "runs", f"{mode}_{delay_ms}ms")
-    cmd = command(mode, args, delay_ms, model_dir)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60,
-                          env=child_env())
-    if proc.returncode != 0:
-        raise RuntimeError(f"{mode} run with delay {delay_ms} ms failed (rc={proc.returncode}):\n"
-                           f"{proc.stderr[-3000:]}")
-    with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
+    with scratch_model_dir(args.out, f"{mode}_{delay_ms}ms",
+                           getattr(args, "keep_runs", False)) as model_dir:
+        cmd = command(mode, args, delay_ms, model_dir)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60,
+                              env=child_env())
+        if proc.returncode != 0:
+            raise RuntimeError(f"{mode} run with delay {delay_ms} ms failed "
+                               f"(rc={proc.returncode}):\n{proc.stderr[-3000:]}")
+        with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
+            metrics = json.load(f)
     return {"mode": mode, "delay_ms": delay_ms, "strategy": metrics["strategy"],
             "examples_per_s": metrics["examples_per_s"],
             "train_time_s": metrics["wall_time_s"], "job_time_s": time.perf_counter() - start,

@@ -33,7 +33,6 @@ so its ratio is the benchmark's own bias, against which tfdist/raw is read.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -213,13 +212,15 @@ def _one_round(args, engine: str, r: int, names: list[str], env: dict):
     With segments each variant is a paired run of its own, its ratio against
     the raw side of that run; with runs, against the round's raw run.
     """
-    out = os.path.join(os.path.abspath(args.out), "runs")
+    keep = getattr(args, "keep_runs", False)
     if args.compare == "segments":
         xs, ratios, segments = {}, {}, {}
         for name in [n for n in names if n != "raw"]:
-            result = runs.run(_paired_cmd(args, engine, os.path.join(out, f"{engine}_{name}_{r}"),
-                                          VARIANTS.get(name, []), control=name == CONTROL),
-                              args.timeout + 60, env, what=f"overhead {engine} {name} round {r}")[0]
+            with runs.model_dir(args.out, f"{engine}_{name}_{r}", keep) as model_dir:
+                result = runs.run(_paired_cmd(args, engine, model_dir, VARIANTS.get(name, []),
+                                              control=name == CONTROL),
+                                  args.timeout + 60, env,
+                                  what=f"overhead {engine} {name} round {r}")[0]
             pair = result["examples_per_s"]
             if name == "tfdist":
                 xs.update(pair)
@@ -230,11 +231,11 @@ def _one_round(args, engine: str, r: int, names: list[str], env: dict):
     # Alternate which runs first, so that a drift within a round favours neither.
     xs = {}
     for name in (names if r % 2 == 0 else names[::-1]):
-        cmd = (_raw_cmd(args, engine) if name == "raw" else
-               _tfdist_cmd(args, engine, os.path.join(out, f"{engine}_{name}_{r}"),
-                           VARIANTS.get(name, [])))
-        xs[name] = runs.run(cmd, args.timeout + 60, env,
-                            what=f"overhead {engine} {name} round {r}")[0]["examples_per_s"]
+        with runs.model_dir(args.out, f"{engine}_{name}_{r}", keep) as model_dir:
+            cmd = (_raw_cmd(args, engine) if name == "raw" else
+                   _tfdist_cmd(args, engine, model_dir, VARIANTS.get(name, [])))
+            xs[name] = runs.run(cmd, args.timeout + 60, env,
+                                what=f"overhead {engine} {name} round {r}")[0]["examples_per_s"]
     return xs, {n: xs[n] / xs["raw"] for n in names[2:]}, {}
 
 

@@ -7,8 +7,10 @@ first JSON value after the mark is decoded and everything else ignored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,6 +174,31 @@ def run_together(cmds: list[list[str]], timeout_s: float, env: dict | None = Non
             f"{what} failed (exit codes {[p.returncode for p in procs]}):\n" + "\n".join(
                 f"--- {' '.join(c)}\n{t[-2000:]}" for c, t in zip(cmds, texts)))
     return results
+
+
+@contextlib.contextmanager
+def model_dir(out: str, label: str, keep: bool = False):
+    """OUT/runs/LABEL, the model dir of one benchmark run, removed after it unless `keep`.
+
+    A run's model.keras and backups are of no use to a benchmark once its
+    result line is read (a synthetic_cnn scaling point left 30 MB), so they go
+    with the run; `--keep-runs` keeps them to look into. OUT/runs goes too
+    once empty.
+    """
+    root = os.path.join(os.path.abspath(out), "runs")
+    path = os.path.join(root, label)
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(root)  # only when empty: other runs' dirs, or kept ones, stay
+
+
+def say(line: str) -> None:
+    """A progress line of a running benchmark, on stderr (stdout keeps the table)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def load_average() -> float:

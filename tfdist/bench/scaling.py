@@ -37,7 +37,9 @@ the share worker i of K gets; the same threads), each training alone with
 `single` on its K-worker run's per-worker batch, all started together and
 held after their warm-up steps until all K got there (`timing.start_barrier`).
 Each one's steady step is taken over the time all K were past their warm-up
-and none had finished, so that every step counted was a contended one. The
+and none had finished, so that every step counted was a contended one; a
+worker through its --steps steps on until all K are (`timing.until_all_done`),
+so that window holds the slowest one's steps however fast the others are. The
 control's throughput is the sum of the K workers' examples/s; one control per
 recipe, mode and K, shared by every engine, interleaved with the rest in each
 repeat. Three efficiencies then:
@@ -65,8 +67,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import tempfile
+import time
 
 from tfdist import compression as compression_lib
 from tfdist.bench import on_hosts, runs
@@ -76,6 +78,8 @@ DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, effic
 # Examples per worker for weak scaling: the 4.7M MLP's earlier measurements used 128.
 PER_WORKER = {"synthetic_cnn": 64, "wide_mlp": 128}
 MODES = ("weak", "strong")
+# A control worker's steps at most, in --steps: it ends once all K ran --steps (see one_control).
+CONTROL_STEP_CAP = 20
 
 
 def add_arguments(parser) -> None:
@@ -215,10 +219,11 @@ def predicted_steps(step_1: float, batches: list[int], workers: list[int], grad_
 
 
 def _train_args(args, recipe: str, strategy: str, gbs: int, model_dir: str,
-                compression: str = "none") -> list[str]:
+                compression: str = "none", steps: int = 0) -> list[str]:
     extra = ["--grad-compression", compression] if compression != "none" else []
     return [recipe, "--strategy", strategy, "--global-batch-size", str(gbs),
-            "--epochs", "1", "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
+            "--epochs", "1", "--steps-per-epoch", str(steps or args.steps),
+            "--threads", str(args.threads),
             "--verbose", "0", "--model-dir", model_dir, "--resume", "false",
             "--csv-log", "false", *extra, *getattr(args, "train_flags", "").split()]
 
@@ -238,7 +243,13 @@ def one_run(args, recipe: str, strategy: str, workers: int, gbs: int, label: str
     One worker runs `single` whatever `strategy` says: the baseline pays for no
     collective at all.
     """
-    model_dir = os.path.join(os.path.abspath(args.out), "runs", label)
+    with runs.model_dir(args.out, label, getattr(args, "keep_runs", False)) as model_dir:
+        return _one_job(args, recipe, strategy, workers, gbs, label, compression, model_dir)
+
+
+def _one_job(args, recipe: str, strategy: str, workers: int, gbs: int, label: str,
+             compression: str, model_dir: str) -> dict:
+    """`one_run` in `model_dir`."""
     env = _bench_env(args)
     hosts = getattr(args, "hosts_cluster", None)
     if hosts is not None:
@@ -295,17 +306,24 @@ def one_control(args, recipe: str, workers: int, gbs: int, label: str) -> dict:
     steps for the others (`timing.start_barrier`).
     """
     bind = getattr(args, "cpu_bind", "none")
-    root = os.path.join(os.path.abspath(args.out), "runs")
-    os.makedirs(root, exist_ok=True)
-    cmds = [runs.launch_command(1, "tfdist.bench.train_worker",
-                                _train_args(args, recipe, "single", gbs // workers,
-                                            os.path.join(root, f"{label}_w{i}")),
-                                args.timeout, share=f"{i}/{workers}" if bind == "cores" else None)
-            for i in range(workers)]
-    load = runs.load_average()
-    with tempfile.TemporaryDirectory(prefix="tfdist-start-") as start_dir:
+    keep = getattr(args, "keep_runs", False)
+    with contextlib.ExitStack() as stack:
+        dirs = [stack.enter_context(runs.model_dir(args.out, f"{label}_w{i}", keep))
+                for i in range(workers)]
+        # Up to CONTROL_STEP_CAP x --steps each: `timing.until_all_done` ends every one of
+        # them once all ran --steps, so a fast one does not end before a slow one started.
+        cmds = [runs.launch_command(1, "tfdist.bench.train_worker",
+                                    _train_args(args, recipe, "single", gbs // workers, d,
+                                                steps=args.steps * CONTROL_STEP_CAP),
+                                    args.timeout, share=f"{i}/{workers}" if bind == "cores"
+                                    else None)
+                for i, d in enumerate(dirs)]
+        load = runs.load_average()
+        start_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfdist-start-"))
+        done_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tfdist-done-"))
         env = {**_bench_env(args), "TFDIST_BENCH_START_DIR": start_dir,
-               "TFDIST_BENCH_START_PARTIES": str(workers)}
+               "TFDIST_BENCH_START_PARTIES": str(workers), "TFDIST_BENCH_DONE_DIR": done_dir,
+               "TFDIST_BENCH_DONE_STEPS": str(args.steps)}
         results = [r[0] for r in runs.run_together(cmds, args.timeout + 60, env,
                                                    what=f"scaling control {label}")]
     return {**control_point(results, args.warmup), "load_avg_1m": load, "runs": results}
@@ -412,7 +430,15 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
     repeats = max(1, args.repeats)
     with_control = getattr(args, "control", False) and not link
     results, baselines, controls = {}, {}, {}
-    for recipe in [r for r in args.recipes.split(",") if r]:
+    recipes = [r for r in args.recipes.split(",") if r]
+    per_mode = 1 + (len(counts) - 1) * (len(engines) + with_control)
+    progress = Progress(len(recipes) * len(modes) * repeats * per_mode)
+    runs.say(f"scaling: {progress.total} runs of {args.steps} steps: {', '.join(recipes)}; "
+             f"{', '.join(modes)}; 1..{args.workers} workers; "
+             f"{', '.join(engine_name(*e) for e in engines)}"
+             + ("; control" if with_control else "")
+             + (f"; {repeats} repeats" if repeats > 1 else ""))
+    for recipe in recipes:
         per_worker = args.per_worker_batch or PER_WORKER.get(recipe, 64)
         grad_bytes = _grad_bytes(recipe) if link else None
         for mode in modes:
@@ -423,16 +449,22 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
             control_tries = {k: [] for k in counts[1:]}
             # Interleaved: the baseline, the controls, then every engine's points, R times over.
             for rep in range(repeats):
-                base_tries.append(one_run(args, recipe, "single", 1, gbs(1),
-                                          f"{recipe}_{mode}_1_r{rep}"))
+                where = f"{recipe} {mode}" + (f", repeat {rep + 1}/{repeats}"
+                                              if repeats > 1 else "")
+                base_tries.append(progress.run(
+                    f"{where}: 1 worker (the baseline)", lambda: one_run(
+                        args, recipe, "single", 1, gbs(1), f"{recipe}_{mode}_1_r{rep}")))
                 for k in counts[1:] if with_control else []:
-                    control_tries[k].append(one_control(args, recipe, k, gbs(k),
-                                                        f"{recipe}_control_{mode}_{k}_r{rep}"))
+                    control_tries[k].append(progress.run(
+                        f"{where}: control, {k} workers alone", lambda: one_control(
+                            args, recipe, k, gbs(k), f"{recipe}_control_{mode}_{k}_r{rep}")))
                 for strategy, comp in engines:
+                    name = engine_name(strategy, comp)
                     for k in counts[1:]:
-                        tries[(strategy, comp)][k].append(one_run(
-                            args, recipe, strategy, k, gbs(k),
-                            f"{recipe}_{engine_name(strategy, comp)}_{mode}_{k}_r{rep}", comp))
+                        tries[(strategy, comp)][k].append(progress.run(
+                            f"{where}: {name}, {k} workers", lambda: one_run(
+                                args, recipe, strategy, k, gbs(k),
+                                f"{recipe}_{name}_{mode}_{k}_r{rep}", comp)))
             base = median_run(base_tries)
             base_tput = [t["examples_per_s"] for t in base_tries]
             baselines.setdefault(recipe, {})[mode] = {
@@ -473,6 +505,22 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                 results.setdefault(recipe, {}).setdefault(
                     engine_name(strategy, comp), {})[mode] = curve
     return results, baselines, controls
+
+
+class Progress:
+    """Says each run of the benchmark as it ends, with its figure and its time."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def run(self, what: str, job):
+        """`job()`, then one line: '[3/10] digits_mlp weak: shm, 2 workers: 2412 examples/s'."""
+        start = time.perf_counter()
+        result = job()
+        self.done += 1
+        runs.say(f"[{self.done}/{self.total}] {what}: {result['examples_per_s']:.0f} "
+                 f"examples/s ({time.perf_counter() - start:.0f} s)")
+        return result
 
 
 def median_control(tries: list[dict]) -> dict:
@@ -541,61 +589,66 @@ def _grad_bytes(recipe: str) -> int:
 
 
 CONTROL = "control (no comm)"
+TABLE_WIDTH = 100  # what a terminal shows: every line of `table` fits
 
 
 def table(result: dict) -> str:
-    """One row per (recipe, engine, mode, workers), the control's rows beside each recipe and
-    mode's engines; with --hosts, the prediction beside."""
+    """The figures, one block per recipe and mode, one row per (engine, workers), the
+    control's rows first; with --hosts, the prediction beside. Within 100 columns: the
+    recipe, mode and load are in each block's title, the notes wrapped."""
+    import textwrap
+
     from tfdist.bench.report import format_table
 
     link = result.get("link_gbs")
     controls = result.get("controls") or {}
-    rows = []
+    head = ["engine", "N", "batch", "step ms", "ex/s", "speedup", "efficiency", "range"]
+    head += ["vs ctrl"] if controls else []
+    head += ["pred ms", "pred eff"] if link else []
+    head.append("flag")
 
-    def row(recipe, engine, mode, c, i, vs=""):
+    def row(engine, c, i, vs=None):
         lo, hi = c["efficiency_range"][i]
-        out = [recipe, engine, mode, c["workers"][i], c["global_batch_size"][i],
-               c["step_s"][i] * 1e3, c["examples_per_s"][i], c["speedup"][i],
-               c["efficiency"][i], f"{lo:.2f}-{hi:.2f}"]
+        out = [engine, str(c["workers"][i]), str(c["global_batch_size"][i]),
+               f"{c['step_s'][i] * 1e3:.1f}", f"{c['examples_per_s'][i]:.0f}",
+               f"{c['speedup'][i]:.2f}", f"{c['efficiency'][i]:.2f}", f"{lo:.2f}-{hi:.2f}"]
         if controls:
-            out.append(vs)
+            out.append("" if vs is None else f"{vs:.2f}")
         if link:
-            out += ([c["predicted_step_s"][i] * 1e3, c["predicted_efficiency"][i]]
+            out += ([f"{c['predicted_step_s'][i] * 1e3:.1f}",
+                     f"{c['predicted_efficiency'][i]:.2f}"]
                     if "predicted_step_s" in c else ["", ""])
         noisy = c["noise"][i] or (c.get("noise_vs_control") or [False] * (i + 1))[i]
-        return out + [c["runs"][i]["load_avg_1m"], "noise (>1)" if noisy else ""]
+        return out + ["noise" if noisy else ""]
 
+    blocks = []
     for recipe, by_engine in result["results"].items():
         modes = [m for m in MODES if any(m in curves for curves in by_engine.values())]
         for mode in modes:
+            rows, loads = [], []
             control = controls.get(recipe, {}).get(mode)
-            if control is not None:
-                rows += [row(recipe, CONTROL, mode, control, i)
-                         for i in range(len(control["workers"]))]
-            for engine, curves in by_engine.items():
-                c = curves.get(mode)
-                for i in range(len(c["workers"]) if c else 0):
-                    vs = c["efficiency_vs_control"][i] if "efficiency_vs_control" in c else ""
-                    rows.append(row(recipe, engine, mode, c, i, vs))
-    head = ["recipe", "engine", "mode", "workers", "global batch", "step ms", "examples/s",
-            "speedup", "efficiency", "per repeat"]
+            for engine, c in ([(CONTROL, control)] if control is not None else []) + [
+                    (engine, curves[mode]) for engine, curves in by_engine.items()
+                    if mode in curves]:
+                for i in range(len(c["workers"])):
+                    vs = c["efficiency_vs_control"][i] if "efficiency_vs_control" in c else None
+                    rows.append(row(engine, c, i, vs))
+                    loads.append(c["runs"][i]["load_avg_1m"])
+            blocks.append(f"{recipe}, {mode} scaling (load 1m {min(loads):.1f}-"
+                          f"{max(loads):.1f}):\n" + format_table(head, rows))
+    notes = [f"N workers; 1 = one shared `single` baseline per recipe and mode; "
+             f"{result['repeats']} repeat(s), the median shown, range: efficiency over the "
+             "repeats; efficiency = speedup / N; noise: above 1, which cannot be real here."]
     if controls:
-        head.append("vs control")
+        notes.append(f"{CONTROL}: the same N workers, pinned the same way, each training alone, "
+                     "started together; its efficiency is contention alone. vs ctrl = ex/s over "
+                     "the control's: communication (efficiency = control's efficiency x vs "
+                     "ctrl).")
     if link:
-        head += ["predicted step ms", "predicted efficiency"]
-    out = format_table(head + ["load 1m", "flag"], rows)
-    out = (f"1 worker = one shared `single` baseline per recipe and mode; {result['repeats']} "
-           "repeat(s), median shown\n" + out)
-    if controls:
-        out = (f"{CONTROL}: the same K workers, pinned the same way, each training alone, "
-               "started together; its efficiency is contention alone. vs control = examples/s "
-               "over the control's: communication (efficiency = control's efficiency x vs "
-               "control)\n" + out)
-    if link:
-        out = (f"worker i on host hi, links shaped to {result['rate']} ({link:.3f} GB/s); "
-               "predicted: measured 1-worker compute + ring all-reduce of the bytes sent at the "
-               "link rate\n" + out)
-    return out
+        notes.append(f"Worker i on host hi, links shaped to {result['rate']} ({link:.3f} GB/s); "
+                     "pred: measured 1-worker compute + ring all-reduce of the bytes sent at "
+                     "the link rate.")
+    return "\n".join([textwrap.fill(n, TABLE_WIDTH) for n in notes] + blocks)
 
 
 def plot(result: dict, fig) -> None:
@@ -609,24 +662,37 @@ def plot(result: dict, fig) -> None:
     modes = [m for m in MODES if m in result]
     controls = result.get("controls") or {}
     axes = fig.subplots(2 if controls else 1, len(modes), squeeze=False)
+    colors = series_colors(result)
     for col, mode in enumerate(modes):
         curves = [(recipe, engine, by_engine[engine][mode])
                   for recipe, by_engine in result["results"].items() for engine in by_engine]
         extra = [(recipe, CONTROL, by_mode[mode]) for recipe, by_mode in controls.items()
                  if mode in by_mode]
         title = f"{mode} scaling, {result['repeats']} repeat(s)"
-        _efficiency_axes(axes[0][col], curves, extra, "efficiency", "noise", result,
+        _efficiency_axes(axes[0][col], curves, extra, colors, "efficiency", "noise", result,
                          "speedup / N (bars: range)" if controls
                          else "efficiency (speedup / N), range over repeats",
                          title + (": against 1 worker" if controls else ""))
         if controls:
-            _efficiency_axes(axes[1][col], curves, [], "efficiency_vs_control",
+            _efficiency_axes(axes[1][col], curves, [], colors, "efficiency_vs_control",
                              "noise_vs_control", result,
                              "K workers / control (bars: range)",
                              f"{mode}: against the no-comm control")
 
 
-def _efficiency_axes(ax, curves, controls, key, noise_key, result, ylabel, title) -> None:
+def series_colors(result: dict) -> dict:
+    """Pure function: {(recipe, engine): matplotlib colour}, one per series for every panel.
+
+    Fixed here rather than taken from each panel's colour cycle, which any
+    other line drawn first (a noise marker) advances.
+    """
+    series = [(recipe, engine) for recipe, by_engine in result["results"].items()
+              for engine in by_engine]
+    return {s: f"C{i % 10}" for i, s in enumerate(series)}
+
+
+def _efficiency_axes(ax, curves, controls, colors, key, noise_key, result, ylabel,
+                     title) -> None:
     """One panel: each curve's `key` with its per-repeat range, the controls dashed."""
     flagged = False
     every = curves + controls
@@ -636,9 +702,9 @@ def _efficiency_axes(ax, curves, controls, key, noise_key, result, ylabel, title
         # A small offset per curve, so error bars at one worker count do not overlap.
         xs = [k + 0.04 * (i - (len(every) - 1) / 2) for k in c["workers"]]
         err = error_bars(c[key], c[f"{key}_per_repeat"])
-        # The controls in grey, one marker per recipe; the engines in the colour cycle.
+        # The controls in grey, one marker per recipe; each engine its colour in every panel.
         style = (dict(fmt="sD^v"[(i - len(curves)) % 4] + "--", color="dimgrey")
-                 if engine == CONTROL else dict(fmt="o-"))
+                 if engine == CONTROL else dict(fmt="o-", color=colors[(recipe, engine)]))
         label = (f"{recipe} control: contention alone" if engine == CONTROL
                  else f"{recipe} ({engine})")
         line = ax.errorbar(xs, c[key], yerr=err, capsize=3, label=label, **style)
@@ -646,14 +712,13 @@ def _efficiency_axes(ax, curves, controls, key, noise_key, result, ylabel, title
         noisy = [(x, e) for x, e, n in zip(xs, c[key], c[noise_key]) if n]
         if noisy:
             flagged = True
-            ax.plot(*zip(*noisy), "o", markersize=12, markerfacecolor="none",
-                    markeredgecolor="red")
+            ax.plot(*zip(*noisy), "o", markersize=12, color="red", markerfacecolor="none")
         if key == "efficiency" and "predicted_efficiency" in c:
             ax.plot(xs, c["predicted_efficiency"], "x--", color=color,
                     label=f"{recipe} ({engine}), predicted")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     if flagged:
-        ax.plot([], [], "o", markerfacecolor="none", markeredgecolor="red",
+        ax.plot([], [], "o", color="red", markerfacecolor="none",
                 label="above 1: noise")
     counts = every[0][2]["workers"] if every else [1]
     ax.set_xticks(counts)

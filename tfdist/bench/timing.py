@@ -86,3 +86,36 @@ def arrived(directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, str(os.getpid())), "w", encoding="utf-8"):
         pass
+
+
+class AllDone(Exception):
+    """Raised by `until_all_done` to end `fit` once every process has run its steps."""
+
+
+def until_all_done(directory: str, parties: int, steps: int):
+    """A callback that keeps training until `parties` processes have each run `steps` steps.
+
+    For processes that train alone but are timed together (the scaling
+    benchmark's control): a process that is through its own steps keeps
+    stepping, so that the others' steps stay contended, and every process
+    ends at its first step end after the last one got through. Each writes a
+    file named by its pid into `directory` after `steps` steps; then it raises
+    `AllDone` at the first step end where `parties` files are there. Put it
+    after the step timer, so that the last step is stamped. The process must
+    be given more steps than `steps` (a cap: it then ends there).
+    """
+    import keras
+
+    class UntilAllDone(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.steps == steps:
+                arrived(directory)
+            if self.steps >= steps and len(os.listdir(directory)) >= parties:
+                raise AllDone(f"{parties} processes ran {steps} steps")
+
+    return UntilAllDone()

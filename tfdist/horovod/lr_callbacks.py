@@ -62,7 +62,8 @@ def _steps_per_epoch(callback, given):
 
 
 def _get_lr(optimizer) -> float:
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    # A tensor first: NumPy 2 warns on np.array(keras.Variable) (its __array__ takes no copy).
+    return float(keras.ops.convert_to_numpy(keras.ops.convert_to_tensor(optimizer.learning_rate)))
 
 
 def _momentum_buffers(optimizer) -> list:

@@ -133,6 +133,11 @@ def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster, recipe=N
     evaluation = model.evaluate(test_ds, verbose=0, return_dict=True)
     metrics = {**metrics, "test": {k: float(v) for k, v in evaluation.items()}}
     if recipe is not None:
+        from tfdist.run.run_dir import run_config
+
+        # What `python -m tfdist.predict` rebuilds the recipe and its cfg from.
+        metrics.setdefault("recipe_file", getattr(recipe, "RECIPE_FILE", None))
+        metrics.setdefault("config", run_config(cfg or {}))
         metrics.update(recipe_metrics(recipe, model, cfg, metrics))
     writer.save_model(model)
     path = writer.write_json("metrics.json", metrics)
