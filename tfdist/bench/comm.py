@@ -21,6 +21,7 @@ import json
 import time
 
 from tfdist.bench import allreduce, runs, scaling
+from tfdist.bench.model_stats import model_stats
 from tfdist.bench.allreduce import comm_seconds
 
 DESCRIPTION = "comm/compute ratio: predicted step = compute + 2(n-1)/n*bytes/bw, vs measured"
@@ -48,32 +49,6 @@ def predict(flops_per_example: float, batch_per_worker: int, grad_bytes: float,
     comm = comm_seconds(grad_bytes, workers, busbw_gbs)
     return {"compute_s": compute, "comm_s": comm, "step_s": compute + comm,
             "comm_over_compute": comm / compute if compute else float("inf")}
-
-
-def model_stats(recipe_name: str) -> dict:
-    """Parameters, gradient bytes and training FLOPs per example of a recipe's model."""
-    import numpy as np
-
-    from tfdist import recipe as recipe_lib
-    from tfdist.compat.tf_startup_logs import import_tensorflow
-
-    import_tensorflow()  # quietly: the bench's own output is its table
-    recipe = recipe_lib.load(recipe_name)
-    model = recipe.build_model(dict(recipe.DEFAULTS))
-    forward, ignored = 0, set()
-    for layer in model.layers:
-        kind = type(layer).__name__
-        if kind == "Dense":
-            forward += 2 * layer.kernel.shape[0] * layer.kernel.shape[1]
-        elif kind == "Conv2D":
-            kh, kw, cin, cout = layer.kernel.shape
-            _, h, w, _ = layer.output.shape
-            forward += 2 * h * w * kh * kw * cin * cout
-        elif layer.count_params() or kind not in ("InputLayer",):
-            ignored.add(kind)
-    params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
-    return {"params": params, "grad_bytes": params * 4, "forward_flops": int(forward),
-            "train_flops_per_example": int(3 * forward), "ignored_layers": sorted(ignored)}
 
 
 def matmul_gflops(threads: int, n: int = 1024, reps: int = 10) -> float:

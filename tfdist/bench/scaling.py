@@ -72,6 +72,7 @@ import time
 
 from tfdist import compression as compression_lib
 from tfdist.bench import on_hosts, runs
+from tfdist.bench.model_stats import model_stats
 from tfdist.bench.allreduce import comm_seconds
 
 DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, efficiency = speedup/N)"
@@ -583,8 +584,6 @@ def _against_control(curve: dict, tries: dict, control: dict, control_tries: dic
 
 
 def _grad_bytes(recipe: str) -> int:
-    from tfdist.bench.comm import model_stats
-
     return model_stats(recipe)["grad_bytes"]
 
 
