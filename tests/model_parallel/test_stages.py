@@ -149,3 +149,30 @@ def test_the_watchdog_keeps_watching_after_a_step_and_an_epoch_until_training_en
     assert dog.started is not None
     dog.on_train_end()
     assert dog.started is None
+
+
+@pytest.mark.parametrize("batch, copies, m, says", [
+    (68, 2, 4, "--global-batch-size 68 cannot be cut into 2 data-parallel copies x 4 "
+               "micro-batches (8 equal parts): each copy takes an equal share of every batch "
+               "and cuts it into equal micro-batches. Pass a --global-batch-size that is a "
+               "multiple of 8 (64 or 72), or --microbatches 2."),
+    (33, 2, 1, "--global-batch-size 33 cannot be cut into 2 data-parallel copies (2 equal "
+               "parts)"),
+    (30, 1, 4, "into 4 micro-batches (4 equal parts)"),
+])
+def test_a_batch_that_copies_and_micro_batches_cannot_share_is_refused_saying_what_fits(
+        batch, copies, m, says):
+    with pytest.raises(ConfigError) as e:
+        stages.check_batch(batch, copies, m)
+    assert says in str(e.value)
+    assert stages.check_batch(64, 2, 4) == 8
+
+
+@pytest.mark.parametrize("n, args, says", [
+    (4, ["--stages", "2", "--microbatches", "4", "--global-batch-size", "68"], "68 cannot"),
+    (4, ["--stages", "2", "--global-batch-size", "33"], "33 cannot"),
+])
+def test_every_task_refuses_a_bad_split_before_tensorflow(n, args, says):
+    for index in range(n):
+        with pytest.raises(ConfigError, match=says):
+            check(launched(n, index), *args)

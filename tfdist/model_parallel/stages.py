@@ -61,6 +61,34 @@ def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
     return [task_device(t) for t in range(num_tasks)]
 
 
+def check_batch(global_batch_size: int, copies: int, microbatches: int) -> int:
+    """Pure function: the rows of one micro-batch of one copy, checked before TensorFlow.
+
+    Each of the C copies takes 1/C of every batch and cuts it into M equal
+    micro-batches (equal parts keep the summed gradient the batch's), so the
+    batch must divide by C * M.
+
+    Raises:
+        ConfigError: naming the batch, the copies and micro-batches, and
+            batches and micro-batch counts that divide.
+    """
+    parts = copies * microbatches
+    if microbatches >= 1 and global_batch_size % parts == 0:
+        return global_batch_size // parts
+    split = " x ".join([*([f"{copies} data-parallel copies"] if copies > 1 else []),
+                        *([f"{microbatches} micro-batches"] if microbatches > 1 else [])])
+    lower = global_batch_size - global_batch_size % parts
+    near = " or ".join(str(b) for b in (lower, lower + parts) if b > 0)
+    fits = [m for m in range(1, microbatches + 1) if global_batch_size % (copies * m) == 0]
+    fewer = (f", or --microbatches {fits[-1]}" if fits and global_batch_size % copies == 0
+             else "")
+    raise ConfigError(
+        f"--global-batch-size {global_batch_size} cannot be cut into {split} ({parts} equal "
+        f"parts): each copy takes an equal share of every batch and cuts it into equal "
+        f"micro-batches. Pass a --global-batch-size that is a multiple of {parts} ({near})"
+        f"{fewer}.")
+
+
 def check_cluster(cluster) -> None:
     """Pure check: the cluster can hold one stage per task.
 

@@ -42,6 +42,31 @@ def transform_model(model, options, devices=None, copies=1):
     return split
 
 
+def check_one_process(options) -> None:
+    """Pure check: a pipeline in one process has stages on at least two devices.
+
+    Raises:
+        ConfigError: for --stages (stages in processes of their own), or fewer
+            than two --devices without --placement (one stage: no pipeline).
+    """
+    from tfdist.errors import ConfigError
+
+    if options.stages:
+        raise ConfigError(
+            f"--stages {options.stages} places stages in processes of their own, but this "
+            "is one process. Start the stages as tasks: python -m tfdist.launch -n "
+            f"{options.stages} -- python -m tfdist.train RECIPE --strategy pipeline; in "
+            "one process, split over logical devices with --devices P.")
+    if (options.devices or 0) < 2 and not options.placement:
+        given = f"--devices {options.devices}" if options.devices else "no --devices"
+        raise ConfigError(
+            f"--strategy pipeline in one process cuts the model into stages over --devices P "
+            f"logical devices, but this run has {given}: it would train one stage, without "
+            "a pipeline. Pass --devices 2 (or more) or name the stages with --placement; or "
+            "start one stage per process: python -m tfdist.launch -n 2 -- python -m "
+            "tfdist.train RECIPE --strategy pipeline.")
+
+
 class StageHooks(model_parallel.ModelParallelHooks):
     """Trainer hooks of the chief of a pipeline across processes."""
 
@@ -112,14 +137,11 @@ class Pipeline(model_parallel.ModelParallel):
 
             stages.check_options(cluster, options.stages, options.devices or 0,
                                  options.tensor_parallel, options.placement)
-        elif options.stages:
-            from tfdist.errors import ConfigError
-
-            raise ConfigError(
-                f"--stages {options.stages} places stages in processes of their own, but this "
-                "is one process. Start the stages as tasks: python -m tfdist.launch -n "
-                f"{options.stages} -- python -m tfdist.train RECIPE --strategy pipeline; in "
-                "one process, split over logical devices with --devices P.")
+            _, copies = stages.layout(cluster.num_tasks, options.stages)
+            stages.check_batch(settings.training.global_batch_size, copies,
+                               options.microbatches)
+        else:
+            check_one_process(options)
         super().check_config(settings, cluster)
 
     @classmethod
