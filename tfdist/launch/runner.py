@@ -53,8 +53,10 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
     Returns:
         0 when every worker exits 0; the failed worker's status when it is a
-        tfdist status (2 config, 3 cluster, 4 peer lost, 75 preempted), else
-        1; 124 on timeout; 130 after SIGINT. The cause is printed to stderr.
+        tfdist status (2 config, 3 cluster, 4 peer lost, 75 preempted); 4 too
+        when a worker died by a signal or its host was lost (`plan.job_status`);
+        else 1; 124 on timeout; 130 after SIGINT. The cause is printed to stderr
+        (a refusal that workers printed is not repeated).
     """
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     min_workers = num_workers if min_workers is None else min_workers
