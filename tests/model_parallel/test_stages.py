@@ -107,6 +107,18 @@ def test_the_lost_stage_is_the_first_other_task_whose_port_is_closed():
                              or a != "127.0.0.1:4000") is None
 
 
+def test_with_copies_a_task_is_named_by_its_copy_and_stage():
+    # 2 stages x 2 copies: task 2 is copy 1's stage 0; there is no "stage 2".
+    assert [stages.stage_name(t, 4, 2) for t in range(4)] == [
+        ("pipeline copy 0 stage", 0), ("pipeline copy 0 stage", 1), ("pipeline copy 1 stage", 0),
+        ("pipeline copy 1 stage", 1)]
+    assert stages.stage_name(3, 4) == ("pipeline stage", 3)
+    cluster = launched(4)
+    lost = stages.lost_stage(cluster, reachable=lambda a: a != "127.0.0.1:4002", stages=2)
+    assert trainer.describe_peer_failure(lost, cluster) == (
+        "pipeline copy 1 stage 0 (127.0.0.1:4002)")
+
+
 def test_a_step_is_overdue_after_the_timeout_and_never_without_one():
     assert not stages.step_overdue(100.0, None, 60)
     assert not stages.step_overdue(159.9, 100.0, 60)

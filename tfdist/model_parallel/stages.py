@@ -55,6 +55,19 @@ def layout(num_tasks: int, stages: int = 0) -> tuple[int, int]:
     return stages, num_tasks // stages
 
 
+def stage_name(task: int, num_tasks: int, stages: int = 0) -> tuple[str, int]:
+    """Pure function: (job, index) naming task `task` in messages, by copy and stage.
+
+    One copy: ("pipeline stage", task). Several: ("pipeline copy C stage", S),
+    so that task 2 of 2 stages x 2 copies reads "pipeline copy 1 stage 0", not
+    "pipeline stage 2" (there is none).
+    """
+    p, copies = layout(num_tasks, stages)
+    if copies == 1:
+        return "pipeline stage", task
+    return f"pipeline copy {task // p} stage", task % p
+
+
 def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
     """Pure function: every task's device, copy-major (copy c's stage s is task c*P + s)."""
     layout(num_tasks, stages)
@@ -158,12 +171,16 @@ def wait_for(addresses: list[str], timeout_s: float, poll_s: float = 0.5) -> Non
         time.sleep(poll_s)
 
 
-def lost_stage(cluster, reachable=None):
+def lost_stage(cluster, reachable=None, stages: int = 0):
     """The `PeerLostError` (rank, address) of the first other stage task whose port is closed.
+
+    Named by `stage_name`: with copies, `job` says the copy and `rank` is the
+    stage within it.
 
     Args:
         cluster: The chief's ClusterInfo.
         reachable: address -> bool (default: one TCP connect); pure when given.
+        stages: --stages (0: one stage per task).
 
     Returns:
         The error, or None when every stage still accepts connections (a hung
@@ -173,10 +190,11 @@ def lost_stage(cluster, reachable=None):
 
     if reachable is None:
         from tfdist.ps.net import reachable
-    for rank, address in enumerate(cluster.worker_addresses):
-        if rank != cluster.worker_index and not reachable(address):
-            return PeerLostError(f"pipeline stage {rank} at {address} is gone", rank=rank,
-                                 address=address, job="pipeline stage")
+    for task, address in enumerate(cluster.worker_addresses):
+        if task != cluster.worker_index and not reachable(address):
+            job, rank = stage_name(task, len(cluster.worker_addresses), stages)
+            return PeerLostError(f"{job} {rank} at {address} is gone", rank=rank,
+                                 address=address, job=job)
     return None
 
 
@@ -207,20 +225,22 @@ def answers(device: str, timeout_s: float) -> bool:
     return bool(replied)
 
 
-def hung_stage(cluster, timeout_s: float = 5.0, answers=answers):
+def hung_stage(cluster, timeout_s: float = 5.0, answers=answers, stages: int = 0):
     """The `PeerLostError` of the first other stage task that does not answer an op in time.
 
     Args:
         cluster: The chief's ClusterInfo.
         timeout_s: How long each task has to answer.
         answers: (device, timeout_s) -> bool; pure when given.
+        stages: --stages (0: one stage per task); names the task (`stage_name`).
     """
     from tfdist.errors import PeerLostError
 
-    for rank, address in enumerate(cluster.worker_addresses):
-        if rank != cluster.worker_index and not answers(task_device(rank), timeout_s):
-            return PeerLostError(f"pipeline stage {rank} at {address} does not answer",
-                                 rank=rank, address=address, job="pipeline stage")
+    for task, address in enumerate(cluster.worker_addresses):
+        if task != cluster.worker_index and not answers(task_device(task), timeout_s):
+            job, rank = stage_name(task, len(cluster.worker_addresses), stages)
+            return PeerLostError(f"{job} {rank} at {address} does not answer",
+                                 rank=rank, address=address, job=job)
     return None
 
 
@@ -229,7 +249,7 @@ def step_overdue(now: float, step_started: float | None, timeout_s: float) -> bo
     return step_started is not None and bool(timeout_s) and now - step_started >= timeout_s
 
 
-def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
+def watchdog(cluster, timeout_s: float, probe_s: float = 5.0, stages: int = 0):
     """A Keras callback on the chief: when a step, or what runs between steps (a
     backup reading every stage's variables), runs `timeout_s` (the collective
     timeout), the stage tasks are checked; a closed port or a task that does not
@@ -276,9 +296,10 @@ def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
                 time.sleep(min(1.0, timeout_s / 4))
                 if not step_overdue(time.monotonic(), self.started, timeout_s):
                     continue
-                lost, why = lost_stage(cluster), "its process is gone (port closed)"
+                lost = lost_stage(cluster, stages=stages)
+                why = "its process is gone (port closed)"
                 if lost is None:
-                    lost = hung_stage(cluster, probe_s)
+                    lost = hung_stage(cluster, probe_s, stages=stages)
                     why = f"it did not answer an op in {probe_s:g} s (stopped or hung)"
                 if lost is None:  # every stage answers: a slow step, not a lost one
                     self.started = time.monotonic()
@@ -344,7 +365,7 @@ def connect(cluster, startup_timeout_s: float) -> None:
         task_index=cluster.worker_index, protocol="grpc")
 
 
-def serve(cluster, threads: int = 0, startup_timeout_s: float = 0) -> None:
+def serve(cluster, threads: int = 0, startup_timeout_s: float = 0, stages: int = 0) -> None:
     """Runs this task's stage server until the chief has gone (never returns).
 
     SIGTERM and Ctrl-C do not end a stage: the chief saves its backup at the
@@ -353,7 +374,8 @@ def serve(cluster, threads: int = 0, startup_timeout_s: float = 0) -> None:
     from tfdist.ps import server
 
     addresses = cluster.worker_addresses
+    job, rank = stage_name(cluster.worker_index, len(addresses), stages)
     server.serve_spec({JOB: addresses}, JOB, cluster.worker_index, addresses[0],
-                      label=f"pipeline stage {cluster.worker_index}",
+                      label=f"{job} {rank}",
                       threads=threads, start_s=startup_timeout_s or None,
                       gone_s=server.STAGE_GONE_S, hold_signals=True)

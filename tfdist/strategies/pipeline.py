@@ -78,7 +78,16 @@ class StageHooks(model_parallel.ModelParallelHooks):
         _, copies = stages.layout(cluster.num_tasks, options.stages)
         super().__init__(options,
                          lambda model, opts: transform_model(model, opts, devices, copies))
+        self.devices = devices
         self.copies = copies
+
+    def num_replicas(self, strategy) -> int:
+        """The data-parallel copies of the pipeline (each takes 1/C of every batch)."""
+        return self.copies
+
+    def layout(self) -> dict:
+        """Stages and copies, for the run's first line."""
+        return {"stages": len(self.devices) // self.copies, "copies": self.copies}
 
     def callbacks(self, learning_rate, warmup_epochs=0.0):
         """The stage watchdog (a stopped stage ends the job, named); copies of the
@@ -88,7 +97,8 @@ class StageHooks(model_parallel.ModelParallelHooks):
 
         from tfdist.model_parallel import stages
 
-        out = [stages.watchdog(self.cluster, self.options.timeout_s or 0)]
+        out = [stages.watchdog(self.cluster, self.options.timeout_s or 0,
+                               stages=self.options.stages)]
         if self.copies > 1:
             class SyncCopies(keras.callbacks.Callback):
                 def on_train_begin(self, logs=None):
@@ -108,7 +118,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
         names no task): its port closes when its process dies."""
         from tfdist.model_parallel import stages
 
-        return stages.lost_stage(self.cluster)
+        return stages.lost_stage(self.cluster, stages=self.options.stages)
 
 
 @register
@@ -145,6 +155,27 @@ class Pipeline(model_parallel.ModelParallel):
         super().check_config(settings, cluster)
 
     @classmethod
+    def dir_layout(cls, settings, workers):
+        """"-Pst[-Ccp]" across processes (`-n 4 --stages 2` and `-n 4` are two layouts of
+        4 processes), "-Ddev" in one; "-Kmb" where micro-batches change the math: under
+        float16 or bfloat16 each micro-batch's matmuls round apart (docs/equality.md).
+        In float32 a run at another --microbatches is the same math and resumes there."""
+        from tfdist.errors import ConfigError
+        from tfdist.model_parallel import stages
+
+        options = settings.adapter
+        out = f"-{options.devices}dev" if options.devices else ""
+        if workers > 1:  # --devices is 0 or P there: the stages say it
+            try:
+                p, copies = stages.layout(workers, options.stages)
+            except ConfigError:  # refused by `check_config`, naming both numbers
+                p, copies = workers, 1
+            out = f"-{p}st" + (f"-{copies}cp" if copies > 1 else "")
+        if options.microbatches > 1 and settings.optimization.precision != "float32":
+            out += f"-{options.microbatches}mb"
+        return out
+
+    @classmethod
     def runs_loop(cls, cluster):
         return cluster.is_chief  # the other stage tasks serve
 
@@ -173,4 +204,5 @@ class Pipeline(model_parallel.ModelParallel):
         (never returns)."""
         from tfdist.model_parallel import stages
 
-        stages.serve(self.cluster, threads, self.options.startup_timeout_s)
+        stages.serve(self.cluster, threads, self.options.startup_timeout_s,
+                     self.options.stages)
