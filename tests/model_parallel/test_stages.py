@@ -188,3 +188,16 @@ def test_every_task_refuses_a_bad_split_before_tensorflow(n, args, says):
     for index in range(n):
         with pytest.raises(ConfigError, match=says):
             check(launched(n, index), *args)
+
+
+def test_a_model_too_small_for_the_processes_gets_advice_in_processes_and_stages():
+    # -n 3, a model of at most 2 stages: 3 has no divisor that fits; start 2.
+    line = stages.too_many_stages(3, 3, 2)
+    assert line.startswith("Cannot split the model into 3 stages: it can be cut into at "
+                           "most 2, and across processes each of the 3 tasks holds one stage.")
+    assert "Start 2 processes (python -m tfdist.launch -n 2 -- ...)." in line
+    assert "--devices" not in line and "--placement" not in line and "--stages" not in line
+    # -n 4: --stages 2 keeps the 4 processes as 2 copies.
+    assert ("or keep 4 processes with --stages 2 (2 data-parallel copies of 2 stages)"
+            in stages.too_many_stages(4, 4, 2))
+    assert "Train it in one process" in stages.too_many_stages(2, 2, 1)

@@ -102,6 +102,28 @@ def check_batch(global_batch_size: int, copies: int, microbatches: int) -> int:
         f"{fewer}.")
 
 
+def too_many_stages(num_tasks: int, stages: int, most: int) -> str:
+    """Pure function: the refusal of a model cut into fewer stages than a job's copies need.
+
+    Across processes every task holds one stage, so the advice is in
+    processes and --stages (never --devices or --placement, which name one
+    process's devices and are refused here).
+
+    Args:
+        num_tasks: The job's processes.
+        stages: The stages per copy asked (P).
+        most: The most stages the model can be cut into.
+    """
+    fits = [s for s in range(2, most + 1) if num_tasks % s == 0]
+    keep = (f", or keep {num_tasks} processes with --stages {fits[-1]} ({num_tasks // fits[-1]} "
+            f"data-parallel copies of {fits[-1]} stages)" if fits else "")
+    fewer = (f"Start {most} processes (python -m tfdist.launch -n {most} -- ...)"
+             if most >= 2 else "Train it in one process (--strategy single)")
+    return (f"Cannot split the model into {stages} stages: it can be cut into at most {most}, "
+            f"and across processes each of the {num_tasks} tasks holds one stage. {fewer}"
+            f"{keep}.")
+
+
 def check_cluster(cluster) -> None:
     """Pure check: the cluster can hold one stage per task.
 

@@ -76,10 +76,21 @@ class StageHooks(model_parallel.ModelParallelHooks):
         self.cluster = cluster
         devices = stages.stage_devices(cluster.num_tasks, options.stages)
         _, copies = stages.layout(cluster.num_tasks, options.stages)
-        super().__init__(options,
-                         lambda model, opts: transform_model(model, opts, devices, copies))
+        super().__init__(options, self._split)
         self.devices = devices
         self.copies = copies
+
+    def _split(self, model, options):
+        """`transform_model` over the tasks; a model too small for the stages is refused
+        with advice in processes and --stages (--devices does not apply here)."""
+        from tfdist.errors import ConfigError
+        from tfdist.model_parallel import graph, stages
+
+        try:
+            return transform_model(model, options, self.devices, self.copies)
+        except graph.SplitError as e:
+            raise ConfigError(stages.too_many_stages(len(self.devices), e.stages,
+                                                     e.most)) from None
 
     def num_replicas(self, strategy) -> int:
         """The data-parallel copies of the pipeline (each takes 1/C of every batch)."""
