@@ -111,6 +111,11 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert set(_table(hybrid).values()) == {"task:0/CPU:0", "task:1/CPU:0"}
     assert "data-parallel copy 1 of the stages: task:2/CPU:0, task:3/CPU:0" in hybrid
     assert "pipeline p=2 x 2 data-parallel copies m=2" in hybrid
+    # The run's first line and each task say copy and stage (#38): task 2 is copy 1's
+    # stage 0, and the 2 copies are the data-parallel replicas.
+    assert "strategy=pipeline num_replicas=2 stages=2 copies=2 workers=4" in hybrid
+    assert "[worker 2] tfdist: pipeline copy 1 stage 0 serving at" in hybrid
+    assert "num_replicas=1 stages=4 copies=1" in four
 
 
 def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
