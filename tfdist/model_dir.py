@@ -4,7 +4,9 @@
 create the dir (and its `backup/`), probe that it can write there, take the
 dir's lock and remove the temporary files a killed job left. The run's
 `writer.ChiefWriter.claim` calls it on the chief only; other workers do
-nothing here.
+nothing here. A run refused while it holds the claim (a `ConfigError` once the
+model is built) removes the dirs the claim created while they are empty, so no
+`backup/` is left that looks like a run.
 
 The lock is an advisory `flock` on MODEL_DIR/.tfdist.lock, held by the chief
 for the whole run, and the file records who holds it (host, pid, start time),
@@ -203,6 +205,8 @@ def claim(model_dir: str, log=print):
     Raises:
         StorageError: when the dir cannot be created or written.
         ModelDirBusyError: when another job holds it.
+        ConfigError: raised by the body; the dirs created here are removed
+            first, when empty.
     """
     created = _missing(model_dir)
     probe(model_dir)
