@@ -6,7 +6,8 @@ import pytest
 
 from tests.conftest import run_py
 
-from tfdist import launch
+from tfdist import exit_codes, launch
+from tfdist.launch.plan import job_status
 
 
 def test_worker_tf_configs():
@@ -74,7 +75,20 @@ def test_killed_worker_is_reported_by_signal():
             "i = json.loads(os.environ['TF_CONFIG'])['task']['index']; "
             "os.kill(os.getpid(), signal.SIGKILL) if i == 0 else time.sleep(60)")
     proc = run_py(["-m", "tfdist.launch", "-n", "2", "--", sys.executable, "-c", code], timeout=40)
-    assert proc.returncode == 1 and "worker 0 failed (killed by SIGKILL)" in proc.stderr
+    # A worker lost: the status the chief gives when it loses a peer (README, docs/cluster.md).
+    assert proc.returncode == exit_codes.PEER_LOST
+    assert "worker 0 failed (killed by SIGKILL)" in proc.stderr
+
+
+@pytest.mark.parametrize("code, lost_host, status", [
+    (-9, False, 4), (-11, False, 4), (-15, False, 4),  # died by a signal: lost
+    (255, True, 4),  # ssh's own status for a worker on another host: the host was lost
+    (255, False, 1), (7, False, 1), (1, False, 1),  # its own failure
+    (2, False, 2), (3, False, 3), (4, False, 4), (75, False, 75), (130, False, 130),
+])
+def test_a_worker_lost_by_a_signal_or_with_its_host_ends_the_job_with_the_lost_peer_status(
+        code, lost_host, status):
+    assert job_status(code, lost_host) == status
 
 
 @pytest.mark.integration
@@ -299,3 +313,14 @@ def test_a_worker_that_ended_cleanly_is_not_called_failed_in_the_signal_summary(
     assert describe_outcome(0) == "ended (exit code 0)"
     assert describe_outcome(130) == "interrupted (exit code 130)"
     assert describe_outcome(-9) == "failed (killed by SIGKILL)"
+
+
+@pytest.mark.integration
+def test_the_same_refusal_from_every_worker_is_shown_once_with_its_status():
+    # Every task checks the same command line before TensorFlow: one line, exit 2.
+    code = ("import sys; print('error: --x 3 cannot be cut; pass --x 4', file=sys.stderr); "
+            "sys.exit(2)")
+    proc = run_py(["-m", "tfdist.launch", "-n", "3", "--", sys.executable, "-c", code], timeout=40)
+    assert proc.returncode == exit_codes.CONFIG
+    assert proc.stderr.count("error: --x 3 cannot be cut; pass --x 4") == 1, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -173,3 +173,25 @@ def test_pruning_tolerates_backups_already_gone(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "paths", listed_then_gone)
     store.save(TrainState(global_step=2), [V()], [], {})
     assert [os.path.basename(p) for p in real_paths()] == ["ckpt-0000000002.npz"]
+
+
+def test_a_run_refused_after_the_claim_leaves_no_dirs_it_created(tmp_path):
+    from tfdist.errors import ConfigError
+
+    new = tmp_path / "runs" / "r" / "pipeline-3st"
+    with pytest.raises(ConfigError):
+        with model_dir.claim(str(new), log=lambda m: None):
+            assert (new / "backup").is_dir()
+            raise ConfigError("Cannot split the model into 3 stages")
+    assert os.listdir(tmp_path) == []  # no empty backup/ a user would take for a run
+    # A dir that was there keeps what it held; only the empty backup/ made now goes.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError):
+        with model_dir.claim(str(old), log=lambda m: None):
+            raise ConfigError("refused")
+    assert sorted(os.listdir(old)) == [model_dir.LOCK_NAME, "metrics.json"]
+    with model_dir.claim(str(old), log=lambda m: None):  # an ordinary run keeps its backup/
+        pass
+    assert "backup" in os.listdir(old)

@@ -66,7 +66,7 @@ LAUNCH = "tfdist.launch"
     ("auto", 0, _cluster("slurm", 2, launcher="srun"), True, "multi_worker-2w-slurm"),
     ("shm", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "shm-2w"),
     ("shm", 0, _cluster("slurm", 2, launcher="srun"), True, "shm-2w-slurm"),
-    ("pipeline", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "pipeline-2w"),
+    ("pipeline", 0, _cluster("tf_config", 2, launcher=LAUNCH), True, "pipeline-2st"),
     # Parameter server: its workers (the chief aside) and its ps tasks.
     ("parameter_server", 0, _cluster("tf_config", 2, ps=1, launcher=LAUNCH), True,
      "parameter_server-2w-1ps"),
@@ -80,6 +80,39 @@ def test_default_model_dir_names_what_runs(strategy, devices, cluster, gpus, exp
     assert run_dir.default_model_dir("d", cfg, cluster, gpus) == f"runs/d/{expected}"
     # A rerun of the same command on the same machine finds the same dir (resume).
     assert run_dir.default_model_dir("d", dict(cfg), cluster, gpus) == f"runs/d/{expected}"
+
+
+@pytest.mark.parametrize("strategy, over, workers, expected", [
+    # tfdist.launch -n 4: 2 stages x 2 copies, and 4 stages: two layouts, two dirs.
+    ("pipeline", dict(stages=2), 4, "pipeline-2st-2cp"),
+    ("pipeline", dict(), 4, "pipeline-4st"),
+    ("pipeline", dict(stages=4), 4, "pipeline-4st"),
+    # --devices 0 or P across processes: the stages say it.
+    ("pipeline", dict(devices=2), 2, "pipeline-2st"),
+    # Micro-batches where they change the math: float16 rounds each one apart.
+    ("pipeline", dict(microbatches=4), 2, "pipeline-2st"),
+    ("pipeline", dict(microbatches=4, precision="mixed_float16"), 2, "pipeline-2st-4mb"),
+    # One process: --devices, and tensor parallelism (weights stored as shards).
+    ("model_parallel", dict(devices=2), 1, "model_parallel-2dev"),
+    ("model_parallel", dict(devices=2, tensor_parallel=2), 1, "model_parallel-2dev-2tp"),
+    ("pipeline", dict(devices=4, tensor_parallel=2, microbatches=4), 1,
+     "pipeline-4dev-2tp"),
+])
+def test_default_model_dir_names_the_layout(strategy, over, workers, expected):
+    cluster = _cluster("tf_config", workers, launcher=LAUNCH) if workers > 1 else _cluster()
+    cfg = _cfg(strategy=strategy, **over)
+    assert run_dir.default_model_dir("d", cfg, cluster, False) == f"runs/d/{expected}"
+
+
+def test_every_layout_of_the_issue_has_its_own_dir():
+    """#38: layouts that a user tries one after another never meet in one dir."""
+    four = _cluster("tf_config", 4, launcher=LAUNCH)
+    dirs = [run_dir.default_model_dir("d", _cfg(strategy="pipeline", stages=2), four),
+            run_dir.default_model_dir("d", _cfg(strategy="pipeline"), four),
+            run_dir.default_model_dir("d", _cfg(strategy="model_parallel", devices=2), _cluster()),
+            run_dir.default_model_dir("d", _cfg(strategy="model_parallel", devices=2,
+                                                tensor_parallel=2), _cluster())]
+    assert len(set(dirs)) == len(dirs), dirs
 
 
 def _tasks(spec, launcher="tfdist.launch"):

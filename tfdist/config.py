@@ -62,7 +62,8 @@ OPTIONS: dict[str, Option] = {
     "devices": Option(adapter_default("devices"), "local replicas: GPUs, else the CPU split into N logical devices "
                       "(0: all/auto)", ge=0, le=1024),
     "model_dir": Option("", "where the chief writes model, metrics, backups (default: "
-                        "runs/RECIPE/STRATEGY[-Nw][-Mps][-Ddev][-slurm], named from what runs: tfdist.run.run_dir)"),
+                        "runs/RECIPE/STRATEGY[-Nw][-Mps][-Ddev][-Ttp][-slurm], stages in processes "
+                        "STRATEGY-Pst[-Ccp]; named from what runs and its layout: tfdist.run.run_dir)"),
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
     "collective": Option(adapter_default("collective"), "MultiWorkerMirroredStrategy collective implementation",
                          choices=IMPLEMENTATIONS),

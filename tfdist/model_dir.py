@@ -4,7 +4,9 @@
 create the dir (and its `backup/`), probe that it can write there, take the
 dir's lock and remove the temporary files a killed job left. The run's
 `writer.ChiefWriter.claim` calls it on the chief only; other workers do
-nothing here.
+nothing here. A run refused while it holds the claim (a `ConfigError` once the
+model is built) removes the dirs the claim created while they are empty, so no
+`backup/` is left that looks like a run.
 
 The lock is an advisory `flock` on MODEL_DIR/.tfdist.lock, held by the chief
 for the whole run, and the file records who holds it (host, pid, start time),
@@ -217,10 +219,13 @@ def claim(model_dir: str, log=print):
     Raises:
         StorageError: when the dir cannot be created or written.
         ModelDirBusyError: when another job holds it.
+        ConfigError: raised by the body; the dirs created here are removed
+            first, when empty.
     """
+    created = _missing(model_dir)
     probe(model_dir)
     lock = ModelDirLock(model_dir)
-    lock.acquire()
+    lock.acquire()  # a dir another job holds existed before: nothing of it was created here
     try:
         if not lock.supported:
             log(f"warning: {model_dir} is on a filesystem without locks; another job on the "
@@ -233,6 +238,30 @@ def claim(model_dir: str, log=print):
             log(f"removed {len(removed)} half-written file(s) left by an interrupted job: "
                 f"{', '.join(os.path.basename(p) for p in removed)}")
         yield lock
-    finally:
+    except ConfigError:
         lock.release()
+        # A run refused once the model is built (a model that cannot be split that
+        # way, a recipe's error) leaves no empty dirs that a user would take for a run.
+        _remove_empty(created, lock.path)
+        raise
+    finally:
+        lock.release()  # again is nothing
+
+
+def _missing(model_dir: str) -> list[str]:
+    """MODEL_DIR/backup, MODEL_DIR and its ancestors that do not exist yet, outermost first."""
+    out, d = [os.path.join(model_dir, BACKUP_DIR)], os.path.abspath(model_dir)
+    while d and not os.path.isdir(d) and d != os.path.dirname(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return [p for p in reversed(out) if not os.path.isdir(p)]
+
+
+def _remove_empty(created: list[str], lock_path: str) -> None:
+    """Removes the dirs `claim` created, deepest first, while they hold nothing but its lock file."""
+    for d in reversed(created):
+        with contextlib.suppress(OSError):
+            if os.listdir(d) == [LOCK_NAME] and os.path.abspath(os.path.dirname(lock_path)) == d:
+                os.remove(lock_path)
+            os.rmdir(d)  # fails, and the dir stays, unless it is empty
 

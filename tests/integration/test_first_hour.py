@@ -4,6 +4,11 @@ Quiet logs: a 2-worker digits run through the launcher, read through a pipe
 as in a CI log or a Slurm .out file, shows tfdist's lines and one Keras line
 per epoch: no escape codes, no TensorFlow C++ start-up lines, no eager-strategy
 warnings from tfdist's own preemption agreement.
+
+Round 3 (#38): a pipeline split that cannot work (a batch its copies and
+micro-batches cannot share, stages that do not divide the processes, a model
+too small for them) is refused with one line, exit 2, no traceback, no dir
+left, and the stage processes end quietly.
 """
 
 from __future__ import annotations
@@ -121,3 +126,56 @@ def test_help_into_a_pipe_closed_early_ends_quietly():
     finally:
         os.close(write)
     assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# Round 3 (#38): splits that cannot work, refused in one line, before TensorFlow where
+# the command line says it (the batch against copies x micro-batches, the stages
+# against the processes). tfdist.launch shows a refusal that every worker prints once.
+BAD_SPLITS = {
+    "68 over 2 copies x 4 micro-batches": (
+        4, ["--stages", "2", "--microbatches", "4", "--global-batch-size", "68"],
+        "--global-batch-size 68 cannot be cut into 2 data-parallel copies x 4 micro-batches"),
+    "33 over 2 copies": (4, ["--stages", "2", "--global-batch-size", "33"],
+                         "--global-batch-size 33 cannot be cut into 2 data-parallel copies"),
+    "3 stages on 4 processes": (4, ["--stages", "3"], "--stages 3 on 4 task(s)"),
+}
+
+
+def _refused_in_one_line(proc, says, cwd, seconds, within=15.0):
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2, tail(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, tail(proc)
+    errors = [ln for ln in lines if "error: " in ln]
+    assert len(errors) == 1 and says in errors[0], tail(proc)
+    assert "SIGTERM received" not in proc.stdout, tail(proc)  # the stages end quietly
+    assert not os.path.exists(os.path.join(cwd, "runs")), os.listdir(cwd)  # no backup/ left
+    assert seconds < within, f"{seconds:.1f} s"
+    return lines
+
+
+@pytest.mark.parametrize("name", list(BAD_SPLITS))
+def test_a_split_the_command_line_rules_out_is_refused_once_before_tensorflow(name, tmp_path):
+    import time
+
+    n, args, says = BAD_SPLITS[name]
+    start = time.monotonic()
+    proc = run_py(["-m", "tfdist.launch", "-n", str(n), "--", sys.executable, "-m",
+                   "tfdist.train", "digits_mlp", "--strategy", "pipeline", *args], timeout=60,
+                  cwd=str(tmp_path))
+    lines = _refused_in_one_line(proc, says, str(tmp_path), time.monotonic() - start)
+    assert len(lines) == 1, tail(proc)  # no launcher line besides it, no TensorFlow output
+
+
+def test_a_model_too_small_for_the_processes_is_refused_with_advice_that_works_there(tmp_path):
+    # digits_mlp has 2 layers with weights: not 3 stages. Known once the model is built.
+    import time
+
+    start = time.monotonic()
+    proc = run_py(["-m", "tfdist.launch", "-n", "3", "--", sys.executable, "-m",
+                   "tfdist.train", "digits_mlp", "--strategy", "pipeline", "--verbose", "0"],
+                  timeout=120, cwd=str(tmp_path))
+    _refused_in_one_line(proc, "Cannot split the model into 3 stages: it can be cut into at "
+                               "most 2", str(tmp_path), time.monotonic() - start, within=60)
+    err = proc.stderr
+    assert "Start 2 processes (python -m tfdist.launch -n 2" in err, tail(proc)
+    assert "--devices" not in err and "--placement" not in err  # refused across processes

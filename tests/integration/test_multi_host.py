@@ -220,14 +220,12 @@ def test_pulled_link_ends_the_job_naming_the_host_and_rerun_resumes(hosts, basel
     a1 = hosts.address("h1")
     # Whoever notices first names the lost host and its address: the surviving
     # worker (heartbeats, ~10 s), or the launcher when h1's ssh session drops
-    # first (3 x 5 s keep-alives; seen when the machine is loaded).
-    if p.returncode == exit_codes.PEER_LOST:
+    # first (3 x 5 s keep-alives; seen when the machine is loaded). Either way the
+    # job ends with the one status for a lost host (#38).
+    assert p.returncode == exit_codes.PEER_LOST, err[-3000:]
+    if f"worker 1 on h1 ({a1}) failed (ssh to h1 failed" not in err:
         assert f"lost contact with worker 1 ({a1}:" in err and ", host h1)" in err, err[-3000:]
         assert f"worker 0 on h0 ({hosts.address('h0')}) lost peer (exit code 4)" in err
-    else:
-        assert p.returncode == 1, err[-3000:]
-        assert (f"worker 1 on h1 ({a1}) failed (ssh to h1 failed or lost its connection" in err
-                ), err[-3000:]
     assert _wait_no_processes(hosts) == {"h0": [], "h1": []}
 
     proc = _run(argv)  # the same command, the cable back in

@@ -14,7 +14,8 @@ on its own task. The saved model is the plain, unsplit Keras model.
 A stage killed with SIGKILL, and one stopped with SIGSTOP (a hung host: its
 port stays open), each end the job naming the stage and its address; the
 same command again resumes from the last backup and ends with the
-uninterrupted run's weights.
+uninterrupted run's weights. Under tfdist.launch, a SIGKILLed stage ends the
+launcher with exit 4 (lost peer), as the chief does.
 """
 
 from __future__ import annotations
@@ -151,6 +152,11 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert set(_table(hybrid).values()) == {"task:0/CPU:0", "task:1/CPU:0"}
     assert "data-parallel copy 1 of the stages: task:2/CPU:0, task:3/CPU:0" in hybrid
     assert "pipeline p=2 x 2 data-parallel copies m=2" in hybrid
+    # The run's first line and each task say copy and stage (#38): task 2 is copy 1's
+    # stage 0, and the 2 copies are the data-parallel replicas.
+    assert "strategy=pipeline num_replicas=2 stages=2 copies=2 workers=4" in hybrid
+    assert "[worker 2] tfdist: pipeline copy 1 stage 0 serving at" in hybrid
+    assert "num_replicas=1 stages=4 copies=1" in four
 
 
 def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
@@ -243,3 +249,34 @@ def test_a_backup_resumes_split_another_way_or_unsplit_with_the_same_math(runs, 
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(ends["two"], runs["two"][0]))
     assert moved > 1e-3  # the third epoch trained
+
+
+def test_a_stage_killed_under_the_launcher_ends_it_with_the_lost_peer_status(tmp_path):
+    """tfdist.launch exits 4, as the chief does and the README says, whoever it sees end
+    first (the SIGKILLed stage, by a signal)."""
+    import re
+
+    model_dir = str(tmp_path / "model")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist.launch", "-n", "2", "--", sys.executable, DUMP,
+         str(tmp_path / "dump"), "--step-delay-ms", "50", *ARGS, *RUNS["two"][1],
+         "--model-dir", model_dir], cwd=REPO, env=clean_env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        pid = None
+        for line in launcher.stdout:  # "[worker 1] tfdist: pipeline stage 1 serving at ... (pid N)"
+            found = re.search(r"^\[worker 1\] tfdist: pipeline stage 1 serving .*\(pid (\d+)\)",
+                              line)
+            if found:
+                pid = int(found.group(1))
+                break
+        assert pid, launcher.communicate()[1][-3000:]
+        wait_for_checkpoint(model_dir, alive=lambda: launcher.poll() is None, what="the job")
+        os.kill(pid, signal.SIGKILL)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == exit_codes.PEER_LOST, err[-3000:]
+    assert "worker 1 failed (killed by SIGKILL)" in err, err[-3000:]

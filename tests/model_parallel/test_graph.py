@@ -3,7 +3,8 @@
 import pytest
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel.graph import Graph, Node, balanced_cuts, stages_from_groups
+from tfdist.model_parallel.graph import (Graph, Node, SplitError, balanced_cuts,
+                                         stages_from_groups)
 
 
 def chain(names, weighted):
@@ -86,6 +87,10 @@ def test_more_stages_than_cuts_is_one_clear_error():
     with pytest.raises(ConfigError, match=r"Cannot split model into 4 stages: it has 2 "
                                           r"place\(s\).*at most 3 stages. Use --devices 3"):
         balanced_cuts(chain(["a", "b", "c"], [1, 1, 1]), 4)
+    # The numbers travel as fields: stages across processes word their own advice.
+    with pytest.raises(SplitError) as e:
+        balanced_cuts(chain(["a", "b", "c"], [1, 1, 1]), 4)
+    assert (e.value.stages, e.value.most) == (4, 3)
 
 
 def test_placement_groups_become_cuts_and_may_leave_out_weightless_layers():

@@ -107,6 +107,18 @@ def test_the_lost_stage_is_the_first_other_task_whose_port_is_closed():
                              or a != "127.0.0.1:4000") is None
 
 
+def test_with_copies_a_task_is_named_by_its_copy_and_stage():
+    # 2 stages x 2 copies: task 2 is copy 1's stage 0; there is no "stage 2".
+    assert [stages.stage_name(t, 4, 2) for t in range(4)] == [
+        ("pipeline copy 0 stage", 0), ("pipeline copy 0 stage", 1), ("pipeline copy 1 stage", 0),
+        ("pipeline copy 1 stage", 1)]
+    assert stages.stage_name(3, 4) == ("pipeline stage", 3)
+    cluster = launched(4)
+    lost = stages.lost_stage(cluster, reachable=lambda a: a != "127.0.0.1:4002", stages=2)
+    assert trainer.describe_peer_failure(lost, cluster) == (
+        "pipeline copy 1 stage 0 (127.0.0.1:4002)")
+
+
 def test_a_step_is_overdue_after_the_timeout_and_never_without_one():
     assert not stages.step_overdue(100.0, None, 60)
     assert not stages.step_overdue(159.9, 100.0, 60)
@@ -149,3 +161,43 @@ def test_the_watchdog_keeps_watching_after_a_step_and_an_epoch_until_training_en
     assert dog.started is not None
     dog.on_train_end()
     assert dog.started is None
+
+
+@pytest.mark.parametrize("batch, copies, m, says", [
+    (68, 2, 4, "--global-batch-size 68 cannot be cut into 2 data-parallel copies x 4 "
+               "micro-batches (8 equal parts): each copy takes an equal share of every batch "
+               "and cuts it into equal micro-batches. Pass a --global-batch-size that is a "
+               "multiple of 8 (64 or 72), or --microbatches 2."),
+    (33, 2, 1, "--global-batch-size 33 cannot be cut into 2 data-parallel copies (2 equal "
+               "parts)"),
+    (30, 1, 4, "into 4 micro-batches (4 equal parts)"),
+])
+def test_a_batch_that_copies_and_micro_batches_cannot_share_is_refused_saying_what_fits(
+        batch, copies, m, says):
+    with pytest.raises(ConfigError) as e:
+        stages.check_batch(batch, copies, m)
+    assert says in str(e.value)
+    assert stages.check_batch(64, 2, 4) == 8
+
+
+@pytest.mark.parametrize("n, args, says", [
+    (4, ["--stages", "2", "--microbatches", "4", "--global-batch-size", "68"], "68 cannot"),
+    (4, ["--stages", "2", "--global-batch-size", "33"], "33 cannot"),
+])
+def test_every_task_refuses_a_bad_split_before_tensorflow(n, args, says):
+    for index in range(n):
+        with pytest.raises(ConfigError, match=says):
+            check(launched(n, index), *args)
+
+
+def test_a_model_too_small_for_the_processes_gets_advice_in_processes_and_stages():
+    # -n 3, a model of at most 2 stages: 3 has no divisor that fits; start 2.
+    line = stages.too_many_stages(3, 3, 2)
+    assert line.startswith("Cannot split the model into 3 stages: it can be cut into at "
+                           "most 2, and across processes each of the 3 tasks holds one stage.")
+    assert "Start 2 processes (python -m tfdist.launch -n 2 -- ...)." in line
+    assert "--devices" not in line and "--placement" not in line and "--stages" not in line
+    # -n 4: --stages 2 keeps the 4 processes as 2 copies.
+    assert ("or keep 4 processes with --stages 2 (2 data-parallel copies of 2 stages)"
+            in stages.too_many_stages(4, 4, 2))
+    assert "Train it in one process" in stages.too_many_stages(2, 2, 1)

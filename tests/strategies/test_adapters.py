@@ -115,7 +115,12 @@ def _cfg(*argv):
     (["--strategy", "mirrored", "--devices", "3"], LOCAL, ConfigError, "not divisible"),
     (["--strategy", "shm"], _tf_config(["127.0.0.1:1", "198.18.0.9:1"]), ClusterError,
      "are on other hosts"),
-    (["--strategy", "pipeline", "--microbatches", "5"], LOCAL, ConfigError, "microbatches"),
+    (["--strategy", "pipeline", "--devices", "2", "--microbatches", "5"], LOCAL, ConfigError,
+     "microbatches"),
+    # One process, no --devices: one stage, no pipeline; refused, saying what to pass.
+    (["--strategy", "pipeline"], LOCAL, ConfigError,
+     "this run has no --devices: it would train one stage, without a pipeline. Pass "
+     "--devices 2"),
     (["--strategy", "model_parallel", "--placement", "nonsense"], LOCAL, ConfigError,
      "placement"),
     (["--strategy", "model_parallel", "--devices", "3", "--tensor-parallel", "2"], LOCAL,
@@ -147,7 +152,8 @@ def test_multi_worker_refuses_its_own_busy_port_before_tensorflow():
 
 def test_options_that_apply_pass_the_same_checks():
     _check(_cfg("--strategy", "mirrored", "--devices", "2"), LOCAL)
-    _check(_cfg("--strategy", "pipeline", "--microbatches", "4"), LOCAL)
+    _check(_cfg("--strategy", "pipeline", "--devices", "2", "--microbatches", "4"), LOCAL)
+    _check(_cfg("--strategy", "pipeline", "--placement", "a=/cpu:0;b=/cpu:1"), LOCAL)
     _check(_cfg("--strategy", "model_parallel", "--devices", "2",
                                          "--tensor-parallel", "2"), LOCAL)
     _check(_cfg("--strategy", "pipeline", "--devices", "4",

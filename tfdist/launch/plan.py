@@ -108,6 +108,31 @@ def describe_outcome(code: int) -> str:
     return f"{OUTCOMES.get(code, 'failed')} ({describe_exit(code)})"
 
 
+# A worker's own tfdist statuses, passed on as the launcher's (`tfdist/exit_codes.py`).
+PASSED_ON = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PEER_LOST, exit_codes.PREEMPTED,
+             exit_codes.INTERRUPTED)
+
+
+def job_status(code: int, lost_host: bool = False) -> int:
+    """Pure function: the launcher's exit status when a worker ended with `code`.
+
+    A tfdist status is passed on. A worker that died by a signal (SIGKILL, the
+    OOM killer, a crash), or whose host was lost (`lost_host`: its ssh session
+    ended with ssh's own 255), is a lost worker: `exit_codes.PEER_LOST`, the
+    status the chief exits with when it loses a peer, so that a wrapper that
+    reruns on 4 sees the same whoever reported first. Anything else is 1.
+
+    Args:
+        code: The worker's Popen returncode (negative: killed by that signal).
+        lost_host: The worker ran on another host that the launcher lost.
+    """
+    if code in PASSED_ON:
+        return code
+    if code < 0 or lost_host:
+        return exit_codes.PEER_LOST
+    return exit_codes.FAILED
+
+
 def log_file_name(label: str) -> str:
     """Pure function: 'worker-0.log' for the task labelled 'worker 0'."""
     return label.replace(" ", "-") + ".log"

@@ -18,8 +18,8 @@ import time
 from tfdist import exit_codes, remote
 from tfdist.cluster.tf_config import JOB_WORKERS_VAR
 from tfdist.launch.placement import _describe, _placed, _Remote
-from tfdist.launch.plan import (core_sets, describe_exit, describe_outcome, ps_tf_configs,
-                                worker_tf_configs)
+from tfdist.launch.plan import (core_sets, describe_exit, describe_outcome, job_status,
+                                ps_tf_configs, worker_tf_configs)
 from tfdist.launch.tasks import FAILED_GRACE_S, _TaskGroup
 
 SIGNAL_GRACE_S = 60.0  # after forwarding SIGINT/SIGTERM: time for workers to agree and save
@@ -53,8 +53,10 @@ def run(num_workers: int, command: list[str], timeout_s: float | None = None,
 
     Returns:
         0 when every worker exits 0; the failed worker's status when it is a
-        tfdist status (2 config, 3 cluster, 4 peer lost, 75 preempted), else
-        1; 124 on timeout; 130 after SIGINT. The cause is printed to stderr.
+        tfdist status (2 config, 3 cluster, 4 peer lost, 75 preempted); 4 too
+        when a worker died by a signal or its host was lost (`plan.job_status`);
+        else 1; 124 on timeout; 130 after SIGINT. The cause is printed to stderr
+        (a refusal that workers printed is not repeated).
     """
     deadline = None if not timeout_s else time.monotonic() + timeout_s
     min_workers = num_workers if min_workers is None else min_workers
@@ -145,12 +147,14 @@ def _run_once(num_workers, command, deadline, timeout_s, env, log_dir=None, appe
                                else describe_outcome(failed_code))
                     message = (f"tfdist.launch: worker {i}{where[i]} {outcome}; "
                                f"stopping the other {num_workers - 1} worker(s).")
-                known = (exit_codes.CONFIG, exit_codes.CLUSTER, exit_codes.PEER_LOST,
-                         exit_codes.PREEMPTED, exit_codes.INTERRUPTED)
-                status = failed_code if failed_code in known else 1
+                status = job_status(failed_code, bool(on[i])
+                                    and failed_code == remote.SSH_FAILED)
                 # Said now, not after the others are stopped: stopping an unreachable
-                # host's worker takes FAILED_GRACE_S.
-                print(message, file=sys.stderr, flush=True)
+                # host's worker takes FAILED_GRACE_S. A refused input (exit 2) whose
+                # error line a worker printed needs no second line.
+                if not (failed_code == exit_codes.CONFIG and group.signalled is None
+                        and group.said_why(i)):
+                    print(message, file=sys.stderr, flush=True)
                 break
             if all(c == 0 for c in codes):
                 break

@@ -57,10 +57,42 @@ def _child_setup(launcher_pid: int, cpus: list[int] | None = None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def _pump(stream, prefix: str, out, log=None, lock=None) -> None:
+ERROR_PREFIX = b"error: "  # how tfdist.train starts the one line of a refused run
+
+
+class _Errors:
+    """The error lines the tasks printed, each passed on once.
+
+    Every task of a job checks the same command line before TensorFlow starts,
+    so a refused option is refused by each of them in the same words: the
+    launcher shows that line once (from the first task that said it), not once
+    per task. Each task's log file (`--log-dir`) still has its own.
+    """
+
+    def __init__(self):
+        self._seen: set[bytes] = set()
+        self._lock = threading.Lock()
+
+    def first(self, line: bytes) -> bool:
+        """Whether `line` is to be shown: not an error line, or the first of its text."""
+        if not line.startswith(ERROR_PREFIX):
+            return True
+        with self._lock:
+            new = line not in self._seen
+            self._seen.add(line)
+            return new
+
+    @property
+    def any(self) -> bool:
+        """Whether some task printed an error line."""
+        return bool(self._seen)
+
+
+def _pump(stream, prefix: str, out, log=None, lock=None, errors=None) -> None:
     for line in iter(stream.readline, b""):
-        out.buffer.write(prefix.encode() + line)
-        out.flush()
+        if errors is None or errors.first(line):
+            out.buffer.write(prefix.encode() + line)
+            out.flush()
         if log is not None:
             with lock:  # stdout and stderr of one task share its file
                 log.write(line)
@@ -99,6 +131,7 @@ class _TaskGroup:
         base_env.setdefault("PYTHONUNBUFFERED", "1")
         self.labels = [task[0] for task in tasks]
         self.procs, self._pumps, self._logs = [], [], []
+        self.errors = _Errors()  # the tasks' error lines, shown once each
         self.signalled: int | None = None  # SIGINT/SIGTERM received and forwarded
         self.signalled_at, self.forced = 0.0, False
         self.grace_s = GRACE_S  # FAILED_GRACE_S once a worker has failed
@@ -121,11 +154,18 @@ class _TaskGroup:
             else:
                 p = subprocess.Popen(command, env=task_env, stdin=subprocess.DEVNULL, **spawn)
             self.procs.append(p)
-            for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-                t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out, log, lock),
-                                     daemon=True)
+            for stream, out, errors in ((p.stdout, sys.stdout, None),
+                                        (p.stderr, sys.stderr, self.errors)):
+                t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out, log, lock,
+                                                         errors), daemon=True)
                 t.start()
                 self._pumps.append(t)
+
+    def said_why(self, index: int, wait_s: float = 2.0) -> bool:
+        """Whether a task printed an error line, once task `index` (ended) has been read out."""
+        for t in self._pumps[2 * index:2 * index + 2]:
+            t.join(timeout=wait_s)
+        return self.errors.any
 
     def _forward(self, signum, _frame):
         if self.signalled is not None:

@@ -24,6 +24,24 @@ from typing import Sequence
 from tfdist.errors import ConfigError
 
 
+class SplitError(ConfigError):
+    """The model cannot be cut into as many stages as asked.
+
+    The message advises a one-process run (--devices, --placement); a caller
+    that places stages otherwise (one per process) words its own advice from
+    the fields.
+
+    Args:
+        message: What happened and what to do.
+        stages: The stages asked for.
+        most: The most stages the model can be cut into.
+    """
+
+    def __init__(self, message: str, stages: int, most: int):
+        super().__init__(message)
+        self.stages, self.most = stages, most
+
+
 @dataclasses.dataclass(frozen=True)
 class Node:
     """One layer call of the model.
@@ -128,11 +146,11 @@ def balanced_cuts(graph: Graph, stages: int) -> list[int]:
     cuts = graph.candidate_cuts()
     if stages - 1 > len(cuts):
         weighted = graph.weighted_count(0, len(graph.nodes))
-        raise ConfigError(
+        raise SplitError(
             f"Cannot split model into {stages} stages: it has {len(cuts)} place(s) to cut "
             f"between blocks ({weighted} layers with weights), so at most {len(cuts) + 1} "
             f"stages. Use --devices {len(cuts) + 1} or fewer, or name the stages with "
-            "--placement.")
+            "--placement.", stages, len(cuts) + 1)
     points = [0, *cuts, len(graph.nodes)]
     last = len(points) - 1
     # best[j]: the best split of nodes [0, points[j]) into s stages so far, as

@@ -55,10 +55,73 @@ def layout(num_tasks: int, stages: int = 0) -> tuple[int, int]:
     return stages, num_tasks // stages
 
 
+def stage_name(task: int, num_tasks: int, stages: int = 0) -> tuple[str, int]:
+    """Pure function: (job, index) naming task `task` in messages, by copy and stage.
+
+    One copy: ("pipeline stage", task). Several: ("pipeline copy C stage", S),
+    so that task 2 of 2 stages x 2 copies reads "pipeline copy 1 stage 0", not
+    "pipeline stage 2" (there is none).
+    """
+    p, copies = layout(num_tasks, stages)
+    if copies == 1:
+        return "pipeline stage", task
+    return f"pipeline copy {task // p} stage", task % p
+
+
 def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
     """Pure function: every task's device, copy-major (copy c's stage s is task c*P + s)."""
     layout(num_tasks, stages)
     return [task_device(t) for t in range(num_tasks)]
+
+
+def check_batch(global_batch_size: int, copies: int, microbatches: int) -> int:
+    """Pure function: the rows of one micro-batch of one copy, checked before TensorFlow.
+
+    Each of the C copies takes 1/C of every batch and cuts it into M equal
+    micro-batches (equal parts keep the summed gradient the batch's), so the
+    batch must divide by C * M.
+
+    Raises:
+        ConfigError: naming the batch, the copies and micro-batches, and
+            batches and micro-batch counts that divide.
+    """
+    parts = copies * microbatches
+    if microbatches >= 1 and global_batch_size % parts == 0:
+        return global_batch_size // parts
+    split = " x ".join([*([f"{copies} data-parallel copies"] if copies > 1 else []),
+                        *([f"{microbatches} micro-batches"] if microbatches > 1 else [])])
+    lower = global_batch_size - global_batch_size % parts
+    near = " or ".join(str(b) for b in (lower, lower + parts) if b > 0)
+    fits = [m for m in range(1, microbatches + 1) if global_batch_size % (copies * m) == 0]
+    fewer = (f", or --microbatches {fits[-1]}" if fits and global_batch_size % copies == 0
+             else "")
+    raise ConfigError(
+        f"--global-batch-size {global_batch_size} cannot be cut into {split} ({parts} equal "
+        f"parts): each copy takes an equal share of every batch and cuts it into equal "
+        f"micro-batches. Pass a --global-batch-size that is a multiple of {parts} ({near})"
+        f"{fewer}.")
+
+
+def too_many_stages(num_tasks: int, stages: int, most: int) -> str:
+    """Pure function: the refusal of a model cut into fewer stages than a job's copies need.
+
+    Across processes every task holds one stage, so the advice is in
+    processes and --stages (never --devices or --placement, which name one
+    process's devices and are refused here).
+
+    Args:
+        num_tasks: The job's processes.
+        stages: The stages per copy asked (P).
+        most: The most stages the model can be cut into.
+    """
+    fits = [s for s in range(2, most + 1) if num_tasks % s == 0]
+    keep = (f", or keep {num_tasks} processes with --stages {fits[-1]} ({num_tasks // fits[-1]} "
+            f"data-parallel copies of {fits[-1]} stages)" if fits else "")
+    fewer = (f"Start {most} processes (python -m tfdist.launch -n {most} -- ...)"
+             if most >= 2 else "Train it in one process (--strategy single)")
+    return (f"Cannot split the model into {stages} stages: it can be cut into at most {most}, "
+            f"and across processes each of the {num_tasks} tasks holds one stage. {fewer}"
+            f"{keep}.")
 
 
 def check_cluster(cluster) -> None:
@@ -130,12 +193,16 @@ def wait_for(addresses: list[str], timeout_s: float, poll_s: float = 0.5) -> Non
         time.sleep(poll_s)
 
 
-def lost_stage(cluster, reachable=None):
+def lost_stage(cluster, reachable=None, stages: int = 0):
     """The `PeerLostError` (rank, address) of the first other stage task whose port is closed.
+
+    Named by `stage_name`: with copies, `job` says the copy and `rank` is the
+    stage within it.
 
     Args:
         cluster: The chief's ClusterInfo.
         reachable: address -> bool (default: one TCP connect); pure when given.
+        stages: --stages (0: one stage per task).
 
     Returns:
         The error, or None when every stage still accepts connections (a hung
@@ -145,10 +212,11 @@ def lost_stage(cluster, reachable=None):
 
     if reachable is None:
         from tfdist.ps.net import reachable
-    for rank, address in enumerate(cluster.worker_addresses):
-        if rank != cluster.worker_index and not reachable(address):
-            return PeerLostError(f"pipeline stage {rank} at {address} is gone", rank=rank,
-                                 address=address, job="pipeline stage")
+    for task, address in enumerate(cluster.worker_addresses):
+        if task != cluster.worker_index and not reachable(address):
+            job, rank = stage_name(task, len(cluster.worker_addresses), stages)
+            return PeerLostError(f"{job} {rank} at {address} is gone", rank=rank,
+                                 address=address, job=job)
     return None
 
 
@@ -179,20 +247,22 @@ def answers(device: str, timeout_s: float) -> bool:
     return bool(replied)
 
 
-def hung_stage(cluster, timeout_s: float = 5.0, answers=answers):
+def hung_stage(cluster, timeout_s: float = 5.0, answers=answers, stages: int = 0):
     """The `PeerLostError` of the first other stage task that does not answer an op in time.
 
     Args:
         cluster: The chief's ClusterInfo.
         timeout_s: How long each task has to answer.
         answers: (device, timeout_s) -> bool; pure when given.
+        stages: --stages (0: one stage per task); names the task (`stage_name`).
     """
     from tfdist.errors import PeerLostError
 
-    for rank, address in enumerate(cluster.worker_addresses):
-        if rank != cluster.worker_index and not answers(task_device(rank), timeout_s):
-            return PeerLostError(f"pipeline stage {rank} at {address} does not answer",
-                                 rank=rank, address=address, job="pipeline stage")
+    for task, address in enumerate(cluster.worker_addresses):
+        if task != cluster.worker_index and not answers(task_device(task), timeout_s):
+            job, rank = stage_name(task, len(cluster.worker_addresses), stages)
+            return PeerLostError(f"{job} {rank} at {address} does not answer",
+                                 rank=rank, address=address, job=job)
     return None
 
 
@@ -201,7 +271,7 @@ def step_overdue(now: float, step_started: float | None, timeout_s: float) -> bo
     return step_started is not None and bool(timeout_s) and now - step_started >= timeout_s
 
 
-def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
+def watchdog(cluster, timeout_s: float, probe_s: float = 5.0, stages: int = 0):
     """A Keras callback on the chief: when a step, or what runs between steps (a
     backup reading every stage's variables), runs `timeout_s` (the collective
     timeout), the stage tasks are checked; a closed port or a task that does not
@@ -248,9 +318,10 @@ def watchdog(cluster, timeout_s: float, probe_s: float = 5.0):
                 time.sleep(min(1.0, timeout_s / 4))
                 if not step_overdue(time.monotonic(), self.started, timeout_s):
                     continue
-                lost, why = lost_stage(cluster), "its process is gone (port closed)"
+                lost = lost_stage(cluster, stages=stages)
+                why = "its process is gone (port closed)"
                 if lost is None:
-                    lost = hung_stage(cluster, probe_s)
+                    lost = hung_stage(cluster, probe_s, stages=stages)
                     why = f"it did not answer an op in {probe_s:g} s (stopped or hung)"
                 if lost is None:  # every stage answers: a slow step, not a lost one
                     self.started = time.monotonic()
@@ -316,7 +387,7 @@ def connect(cluster, startup_timeout_s: float) -> None:
         task_index=cluster.worker_index, protocol="grpc")
 
 
-def serve(cluster, threads: int = 0, startup_timeout_s: float = 0) -> None:
+def serve(cluster, threads: int = 0, startup_timeout_s: float = 0, stages: int = 0) -> None:
     """Runs this task's stage server until the chief has gone (never returns).
 
     SIGTERM and Ctrl-C do not end a stage: the chief saves its backup at the
@@ -325,7 +396,8 @@ def serve(cluster, threads: int = 0, startup_timeout_s: float = 0) -> None:
     from tfdist.ps import server
 
     addresses = cluster.worker_addresses
+    job, rank = stage_name(cluster.worker_index, len(addresses), stages)
     server.serve_spec({JOB: addresses}, JOB, cluster.worker_index, addresses[0],
-                      label=f"pipeline stage {cluster.worker_index}",
+                      label=f"{job} {rank}",
                       threads=threads, start_s=startup_timeout_s or None,
                       gone_s=server.STAGE_GONE_S, hold_signals=True)

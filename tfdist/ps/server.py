@@ -82,7 +82,9 @@ def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, thre
         threads: Intra-op threads (0: TensorFlow's default).
         start_s, gone_s: See `chief_gone`.
         hold_signals: SIGTERM and SIGINT do not end this task (its chief saves a
-            backup with it first); it ends when the chief has gone.
+            backup with it first); it ends when the chief has gone, and at once,
+            without a word, when the chief is gone already (it refused the run:
+            nothing trained, nothing to save).
     """
     import tensorflow as tf
 
@@ -95,6 +97,10 @@ def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, thre
                                   protocol="grpc", config=config, start=True)
     if hold_signals:
         def held(signum, frame):
+            if not reachable(chief):  # no chief to save anything (it refused, or ended)
+                from tfdist.ps import EXIT_LOST_CHIEF
+
+                os._exit(EXIT_LOST_CHIEF)
             print(f"tfdist: {label}: {signal.Signals(signum).name} received; serving until the "
                   "chief, which saves the backup, has ended", flush=True)
 

@@ -14,10 +14,11 @@ TensorFlow starts, a rerun compares it with the newest backup's record:
   learning rate rescaled from the backup's (`resume_learning_rate`), the
   data position mapped in examples (`tfdist.checkpoint.rebatch`).
 
-The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Mps][-Ddev][-slurm|-tf_config]`,
-named from what runs (`default_model_dir`), so the README's launch modes never
-meet in one directory; what is
-left to collide there (learning rate, batch, precision, ...) is refused by name.
+The default model dir is `runs/RECIPE/STRATEGY[-Nw][-Mps][-Ddev][-Ttp][-slurm|-tf_config]`
+(stages across processes: `STRATEGY-Pst[-Ccp]`), named from what runs and its
+layout (`default_model_dir`), so the README's launch modes and layouts never
+meet in one directory; what is left to collide there (learning rate, batch,
+precision, ...) is refused by name.
 A run moved to another launch shape (fewer workers, another data-parallel
 strategy) names its old directory with --model-dir and resumes there.
 """
@@ -64,15 +65,17 @@ def run_config(cfg: dict) -> dict:
 
 
 def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool = True) -> str:
-    """Pure function: runs/RECIPE/NAME, NAME saying what runs, so that launch modes never share one.
+    """Pure function: runs/RECIPE/NAME, NAME saying what runs, so that layouts never share one.
 
-    NAME is STRATEGY[-Nw][-Mps][-Ddev][-slurm|-tf_config]: the strategy
-    resolved, the training processes when several (under ps tasks: the
-    workers besides the chief) and the ps tasks, --devices, and who started
-    the tasks when not `tfdist.launch` (Slurm, or a TF_CONFIG written by
-    hand): three different jobs a user moves between on purpose
-    (`--model-dir`), not a rerun. A requeued Slurm job keeps its task count,
-    so its dir; the same command on the same machine gets the same name.
+    NAME is STRATEGY[-Nw][-Mps][-Ddev][-Ttp][-slurm|-tf_config], or for
+    stages across processes STRATEGY-Pst[-Ccp][...] (`layout_name`):
+    the strategy resolved, the training processes when several (under ps
+    tasks: the workers besides the chief) and the ps tasks, --devices, the
+    tensor-parallel degree, and who started the tasks when not
+    `tfdist.launch` (Slurm, or a TF_CONFIG written by hand): different jobs a
+    user moves between on purpose (`--model-dir`), not a rerun. A requeued
+    Slurm job keeps its task count, so its dir; the same command on the same
+    machine gets the same name.
 
     Args:
         recipe_name: The recipe.
@@ -100,17 +103,38 @@ def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool 
     # tfdist.launch's -n, not the survivors --min-workers relaunched: they go on with the run.
     workers = len(spec.get("worker", [])) if num_ps else (cluster.job_workers
                                                           or cluster.num_workers)
-    if workers > 1 or num_ps:
-        name += f"-{workers}w"
-    if num_ps:
-        name += f"-{num_ps}ps"
-    if devices:
-        name += f"-{devices}dev"
+    name += layout_name(name, settings, workers, num_ps)
     if cluster.source == "slurm":
         name += "-slurm"
     elif cluster.source == "tf_config" and cluster.launcher is None:
         name += "-tf_config"
     return os.path.join("runs", recipe_name, name)
+
+
+def layout_name(strategy: str, settings: Settings, workers: int, num_ps: int = 0) -> str:
+    """Pure function: the layout part of a run dir's name ("-4w-1ps", "-2dev-2tp", "-2st-2cp").
+
+    The training processes when several, the ps tasks, --devices, unless the
+    adapter names its own layout (`Adapter.dir_layout`: stages in processes
+    name their stages and copies); then the tensor-parallel degree (`-Ttp`), which stores
+    each weight as shards.
+
+    Args:
+        strategy: The adapter's name (or "auto").
+        settings: The run's options.
+        workers: The job's training processes (tfdist.launch's -n).
+        num_ps: Its parameter servers.
+    """
+    options = settings.adapter
+    adapter = strategies.REGISTRY.get(strategy)
+    out = adapter.dir_layout(settings, workers) if adapter and not num_ps else None
+    if out is None:
+        out = f"-{workers}w" if workers > 1 or num_ps else ""
+        out += f"-{num_ps}ps" if num_ps else ""
+        out += f"-{options.devices}dev" if options.devices else ""
+    if (options.tensor_parallel or 1) > 1:
+        out += f"-{options.tensor_parallel}tp"
+    return out
 
 
 def differences(recorded: dict, current: dict, batch_change_ok: bool = False) -> list[str]:

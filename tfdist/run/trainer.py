@@ -353,7 +353,8 @@ class FitRun:
                                   if settings.backup.resume else (lr, None))
         _log(cluster, loop_lib.run_line({
             "recipe": self.recipe.RECIPE_NAME, "strategy": dist.name,
-            "num_replicas": dist.num_replicas, "workers": cluster.num_workers,
+            "num_replicas": dist.num_replicas, **dist.hooks.layout(),
+            "workers": cluster.num_workers,
             "source": cluster.source, "global_batch_size": gbs,
             "per_replica_batch_size": per_replica, "learning_rate": self.lr,
             "accumulate": optim_.accumulate, "precision": optim_.precision,

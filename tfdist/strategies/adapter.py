@@ -106,6 +106,17 @@ class Adapter:
                 f"one process.")
 
     @classmethod
+    def dir_layout(cls, settings, workers: int) -> str | None:
+        """The layout part of the default run dir's name (`tfdist.run.run_dir`), or None
+        for the default ("-Nw" for N processes, "-Ddev" for --devices; pure).
+
+        Args:
+            settings: The run's `tfdist.settings.Settings`.
+            workers: The job's training processes.
+        """
+        return None
+
+    @classmethod
     def runs_loop(cls, cluster) -> bool:
         """Whether this process runs the training loop (and owns the run dir's reads)."""
         return True

@@ -15,6 +15,10 @@ class Hooks:
         """Replicas that share each global batch."""
         return strategy.num_replicas_in_sync
 
+    def layout(self) -> dict:
+        """Fields the run's first line adds after num_replicas (e.g. stages, copies)."""
+        return {}
+
     def input_shard(self) -> tuple[int, int] | None:
         """(num_shards, index) when this process must read only its shard."""
         return None

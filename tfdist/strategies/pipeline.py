@@ -42,6 +42,31 @@ def transform_model(model, options, devices=None, copies=1):
     return split
 
 
+def check_one_process(options) -> None:
+    """Pure check: a pipeline in one process has stages on at least two devices.
+
+    Raises:
+        ConfigError: for --stages (stages in processes of their own), or fewer
+            than two --devices without --placement (one stage: no pipeline).
+    """
+    from tfdist.errors import ConfigError
+
+    if options.stages:
+        raise ConfigError(
+            f"--stages {options.stages} places stages in processes of their own, but this "
+            "is one process. Start the stages as tasks: python -m tfdist.launch -n "
+            f"{options.stages} -- python -m tfdist.train RECIPE --strategy pipeline; in "
+            "one process, split over logical devices with --devices P.")
+    if (options.devices or 0) < 2 and not options.placement:
+        given = f"--devices {options.devices}" if options.devices else "no --devices"
+        raise ConfigError(
+            f"--strategy pipeline in one process cuts the model into stages over --devices P "
+            f"logical devices, but this run has {given}: it would train one stage, without "
+            "a pipeline. Pass --devices 2 (or more) or name the stages with --placement; or "
+            "start one stage per process: python -m tfdist.launch -n 2 -- python -m "
+            "tfdist.train RECIPE --strategy pipeline.")
+
+
 class StageHooks(model_parallel.ModelParallelHooks):
     """Trainer hooks of the chief of a pipeline across processes."""
 
@@ -51,9 +76,29 @@ class StageHooks(model_parallel.ModelParallelHooks):
         self.cluster = cluster
         devices = stages.stage_devices(cluster.num_tasks, options.stages)
         _, copies = stages.layout(cluster.num_tasks, options.stages)
-        super().__init__(options,
-                         lambda model, opts: transform_model(model, opts, devices, copies))
+        super().__init__(options, self._split)
+        self.devices = devices
         self.copies = copies
+
+    def _split(self, model, options):
+        """`transform_model` over the tasks; a model too small for the stages is refused
+        with advice in processes and --stages (--devices does not apply here)."""
+        from tfdist.errors import ConfigError
+        from tfdist.model_parallel import graph, stages
+
+        try:
+            return transform_model(model, options, self.devices, self.copies)
+        except graph.SplitError as e:
+            raise ConfigError(stages.too_many_stages(len(self.devices), e.stages,
+                                                     e.most)) from None
+
+    def num_replicas(self, strategy) -> int:
+        """The data-parallel copies of the pipeline (each takes 1/C of every batch)."""
+        return self.copies
+
+    def layout(self) -> dict:
+        """Stages and copies, for the run's first line."""
+        return {"stages": len(self.devices) // self.copies, "copies": self.copies}
 
     def callbacks(self, learning_rate, warmup_epochs=0.0):
         """The stage watchdog (a stopped stage ends the job, named); copies of the
@@ -63,7 +108,8 @@ class StageHooks(model_parallel.ModelParallelHooks):
 
         from tfdist.model_parallel import stages
 
-        out = [stages.watchdog(self.cluster, self.options.timeout_s or 0)]
+        out = [stages.watchdog(self.cluster, self.options.timeout_s or 0,
+                               stages=self.options.stages)]
         if self.copies > 1:
             class SyncCopies(keras.callbacks.Callback):
                 def on_train_begin(self, logs=None):
@@ -83,7 +129,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
         names no task): its port closes when its process dies."""
         from tfdist.model_parallel import stages
 
-        return stages.lost_stage(self.cluster)
+        return stages.lost_stage(self.cluster, stages=self.options.stages)
 
 
 @register
@@ -112,15 +158,33 @@ class Pipeline(model_parallel.ModelParallel):
 
             stages.check_options(cluster, options.stages, options.devices or 0,
                                  options.tensor_parallel, options.placement)
-        elif options.stages:
-            from tfdist.errors import ConfigError
-
-            raise ConfigError(
-                f"--stages {options.stages} places stages in processes of their own, but this "
-                "is one process. Start the stages as tasks: python -m tfdist.launch -n "
-                f"{options.stages} -- python -m tfdist.train RECIPE --strategy pipeline; in "
-                "one process, split over logical devices with --devices P.")
+            _, copies = stages.layout(cluster.num_tasks, options.stages)
+            stages.check_batch(settings.training.global_batch_size, copies,
+                               options.microbatches)
+        else:
+            check_one_process(options)
         super().check_config(settings, cluster)
+
+    @classmethod
+    def dir_layout(cls, settings, workers):
+        """"-Pst[-Ccp]" across processes (`-n 4 --stages 2` and `-n 4` are two layouts of
+        4 processes), "-Ddev" in one; "-Kmb" where micro-batches change the math: under
+        float16 or bfloat16 each micro-batch's matmuls round apart (docs/equality.md).
+        In float32 a run at another --microbatches is the same math and resumes there."""
+        from tfdist.errors import ConfigError
+        from tfdist.model_parallel import stages
+
+        options = settings.adapter
+        out = f"-{options.devices}dev" if options.devices else ""
+        if workers > 1:  # --devices is 0 or P there: the stages say it
+            try:
+                p, copies = stages.layout(workers, options.stages)
+            except ConfigError:  # refused by `check_config`, naming both numbers
+                p, copies = workers, 1
+            out = f"-{p}st" + (f"-{copies}cp" if copies > 1 else "")
+        if options.microbatches > 1 and settings.optimization.precision != "float32":
+            out += f"-{options.microbatches}mb"
+        return out
 
     @classmethod
     def runs_loop(cls, cluster):
@@ -151,4 +215,5 @@ class Pipeline(model_parallel.ModelParallel):
         (never returns)."""
         from tfdist.model_parallel import stages
 
-        stages.serve(self.cluster, threads, self.options.startup_timeout_s)
+        stages.serve(self.cluster, threads, self.options.startup_timeout_s,
+                     self.options.stages)
