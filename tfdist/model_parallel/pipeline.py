@@ -70,7 +70,6 @@ def _model_class():
         def __init__(self, inner, stage_of, stage_devices, microbatches=1, schedule="gpipe",
                      copies=(), **kwargs):
             super().__init__(**kwargs)
-            plan.microbatch_size(int(microbatches), 1)  # validates microbatches >= 1
             self.inner = inner
             self.microbatches = int(microbatches)
             self.schedule_name = schedule
