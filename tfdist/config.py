@@ -25,6 +25,7 @@ from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
 from tfdist.schedules import DECAYS
 from tfdist.compression import NAMES as COMPRESSIONS
+from tfdist.model_parallel.schedules import NAMES as PIPELINE_SCHEDULES
 from tfdist.strategies import accepting, adapter_default, refusal, refused_by, valid_names
 from tfdist.strategies.multi_worker import IMPLEMENTATIONS
 
@@ -113,7 +114,7 @@ OPTIONS: dict[str, Option] = {
     "microbatches": Option(adapter_default("microbatches"), "micro-batches per batch (pipeline)", ge=1),
     "schedule": Option(adapter_default("schedule"), "pipeline schedule: gpipe (all forwards, then all backwards) "
                        "or 1f1b (at most P micro-batches' activations per stage)",
-                       choices=("gpipe", "1f1b")),
+                       choices=PIPELINE_SCHEDULES),
     "placement": Option(adapter_default("placement"), "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
                         "an even split over --devices)"),
     "stages": Option(adapter_default("stages"), "pipeline across processes: stages (0: one per task of the job)",

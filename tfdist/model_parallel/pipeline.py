@@ -410,8 +410,3 @@ def _groups(devices, t):
     if t == 1:
         return list(devices)
     return [tuple(devices[s * t:(s + 1) * t]) for s in range(len(devices) // t)]
-
-
-def pipeline_model_class():
-    """The `PipelineModel` class (defined lazily, so importing this module needs no Keras)."""
-    return _model_class()

@@ -645,35 +645,15 @@ _MHA_REFUSED = (("_dropout", 0.0, "attention dropout"),
                 ("_bias_regularizer", None, "a bias regularizer"))
 
 
-def ColumnParallelDense(*args, **kwargs):  # noqa: N802 (a class, built lazily)
-    """Builds a `ColumnParallelDense` layer; see `_classes`."""
-    return _classes()[0](*args, **kwargs)
-
-
-def RowParallelDense(*args, **kwargs):  # noqa: N802
-    """Builds a `RowParallelDense` layer; see `_classes`."""
-    return _classes()[1](*args, **kwargs)
-
-
 def ParallelMLP(*args, **kwargs):  # noqa: N802
     """Builds a `ParallelMLP` layer (column- then row-parallel Dense); see `_classes`."""
     return _classes()[2](*args, **kwargs)
-
-
-def HeadParallelAttention(*args, **kwargs):  # noqa: N802
-    """Builds a `HeadParallelAttention` layer (MultiHeadAttention by heads); see `_classes`."""
-    return _classes()[3](*args, **kwargs)
 
 
 def layer_classes() -> dict:
     """name -> class of the tensor-parallel layers (for `from_layer` and isinstance)."""
     names = ("ColumnParallelDense", "RowParallelDense", "ParallelMLP", "HeadParallelAttention")
     return dict(zip(names, _classes()))
-
-
-def register() -> None:
-    """Registers the layer classes with Keras, so saved models that use them load."""
-    _classes()
 
 
 def is_tensor_parallel(layer) -> bool:
