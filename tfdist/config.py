@@ -23,7 +23,7 @@ from tfdist.data import SCALING_RULES
 from tfdist.errors import ConfigError
 from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
-from tfdist.schedules import DECAYS
+from tfdist.lr_schedules import DECAYS
 from tfdist.compression import NAMES as COMPRESSIONS
 from tfdist.model_parallel.schedules import NAMES as PIPELINE_SCHEDULES
 from tfdist.strategies import accepting, adapter_default, refusal, refused_by, valid_names

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from tfdist import schedules
+from tfdist import lr_schedules
 from tfdist.errors import ConfigError
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -25,7 +25,7 @@ def check(options) -> None:
     Raises:
         ConfigError: naming the bad value.
     """
-    schedules.check(options.lr_schedule, options.warmup_steps)
+    lr_schedules.check(options.lr_schedule, options.warmup_steps)
 
 
 def optimizer_classes() -> dict:
@@ -52,7 +52,7 @@ def build_optimizer(options, learning_rate: float):
     if cls is None:
         raise ConfigError(f"Unknown optimizer {options.optimizer!r}. Valid: "
                           f"{sorted(optimizer_classes())}.")
-    kwargs = {"learning_rate": schedules.make_schedule(learning_rate, options.warmup_steps,
+    kwargs = {"learning_rate": lr_schedules.make_schedule(learning_rate, options.warmup_steps,
                                                        options.lr_schedule)}
     if "momentum" in inspect.signature(cls).parameters:
         kwargs["momentum"] = options.momentum
