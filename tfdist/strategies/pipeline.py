@@ -170,7 +170,8 @@ class Pipeline(model_parallel.ModelParallel):
         """"-Pst[-Ccp]" across processes (`-n 4 --stages 2` and `-n 4` are two layouts of
         4 processes), "-Ddev" in one; "-Kmb" where micro-batches change the math: under
         float16 or bfloat16 each micro-batch's matmuls round apart (docs/equality.md).
-        In float32 a run at another --microbatches is the same math and resumes there."""
+        In float32 a run at another --microbatches is the same math (to float32
+        rounding) and resumes there."""
         from tfdist.errors import ConfigError
         from tfdist.model_parallel import stages
 
