@@ -41,3 +41,13 @@ def keras_model_weights(model_keras: str) -> list:
     import keras
 
     return keras.saving.load_model(model_keras, compile=False).get_weights()
+
+
+def ulp_nudged(weights: list, rng) -> list:
+    """`weights`, each float32 element moved by one ulp in a direction drawn from `rng`.
+
+    The floor of an equality: how far rounding alone carries a run when its
+    starting weights change by the least they can (tests/workers/*).
+    """
+    return [np.nextafter(w, np.where(rng.random(w.shape) < 0.5, -np.inf, np.inf)
+                         .astype(np.float32)) for w in weights]

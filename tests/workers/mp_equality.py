@@ -128,6 +128,7 @@ def tensor_parallel_checks(out_dir, arrays, report):
     import keras
     import tensorflow as tf
 
+    from tests.weights import ulp_nudged
     from tfdist.model_parallel import pipeline, placement, surgery
 
     rng = np.random.default_rng(1)
@@ -175,9 +176,7 @@ def tensor_parallel_checks(out_dir, arrays, report):
     nudge = np.random.default_rng(0)
     for seed in range(NUDGED):
         nudged = attention_model()
-        nudged.set_weights([np.nextafter(w, np.where(nudge.random(w.shape) < 0.5, -np.inf,
-                                                     np.inf).astype(np.float32))
-                            for w in nudged.get_weights()])
+        nudged.set_weights(ulp_nudged(nudged.get_weights(), nudge))
         for v in fit(nudged).weights:
             arrays[f"attn_nudged{seed}/{v.path}"] = v.numpy()
     step = tf.function(one.train_step).get_concrete_function(

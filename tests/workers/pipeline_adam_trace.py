@@ -55,6 +55,7 @@ def main():
     sys.path.insert(0, os.path.join(HERE, "..", "..", "recipes"))
     import model_parallel_mlp as recipe
 
+    from tests.weights import ulp_nudged
     from tfdist import data
     from tfdist.model_parallel import pipeline, surgery, tensor_parallel
 
@@ -152,9 +153,7 @@ def main():
     rng = np.random.default_rng(0)
     floor = []
     for _ in range(SEEDS):
-        nudged = [np.nextafter(w, np.where(rng.random(w.shape) < 0.5, -np.inf, np.inf)
-                               .astype(np.float32)) for w in init]
-        floor_w, _ = run(one, start=nudged)
+        floor_w, _ = run(one, start=ulp_nudged(init, rng))
         floor.append(rel(ref_w[-1], floor_w[-1]))
     report["ulp_floor"] = floor
     json.dump(report, open(os.path.join(out_dir, "report.json"), "w"), indent=1)
