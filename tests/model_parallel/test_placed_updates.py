@@ -45,7 +45,7 @@ def _traced_step(monkeypatch, policy):
         graph = tf.function(lambda x, y: split.train_step((x, y))).get_concrete_function(
             tf.TensorSpec((8, 16)), tf.TensorSpec((8,), tf.int32)).graph
         where = {tuple(v.shape): DEVICES[s] for s in range(2)
-                 for v in split._stage_variables[s]}
+                 for v in split.stages[s].variables}
     finally:
         keras.mixed_precision.set_global_policy(before)
     assert len(where) == 6 and set(where.values()) == set(DEVICES)  # every shape its own

@@ -278,3 +278,22 @@ def test_optimizers_reading_whole_variables_are_refused_on_shards(tp):
         with pytest.raises(ConfigError, match=rf"{what}.*tensor-parallel layers \('ffn_in' "
                                               r"and 1 more\).*or no tensor parallelism"):
             tp.check_optimizer(optimizer, split)
+
+
+def test_parallel_mlp_is_a_tensor_parallel_layer_checked_and_gathered_like_the_others():
+    # It was a plain Layer: gather_model kept its shards and the optimizer check missed it.
+    import keras
+
+    from tfdist.model_parallel import tensor_parallel as tp
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,))
+    block = tp.ParallelMLP(12, 3, SAME, name="mlp")
+    model = keras.Model(inputs, block(inputs))
+    assert tp.is_tensor_parallel(block)
+    with pytest.raises(ConfigError, match="Lamb.*'mlp'"):
+        tp.check_optimizer(keras.optimizers.Lamb(), model.layers)
+    plain = surgery.gather_model(model)
+    assert not any(tp.is_tensor_parallel(layer) for layer in plain.layers)
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype("float32")
+    np.testing.assert_allclose(plain(x), model(x), **FORWARD)

@@ -214,15 +214,17 @@ def cuts_of(graph: Graph, stage_of: dict[str, int]) -> list[int]:
     return cuts
 
 
-def from_keras(model) -> Graph:
+def from_keras(model, calls=None) -> Graph:
     """The `Graph` of a built functional or Sequential Keras model (ids: `id()` of tensors).
+
+    `calls`: the model's `keras_nodes`, when the caller has them already.
 
     Raises:
         ConfigError: for a model that is not functional (a subclassed model).
     """
     functional = _functional(model)
     nodes, counted = [], set()
-    for node in keras_nodes(model):
+    for node in keras_nodes(model) if calls is None else calls:
         layer = node.operation
         params = 0 if id(layer) in counted else sum(math.prod(w.shape) for w in layer.weights)
         counted.add(id(layer))

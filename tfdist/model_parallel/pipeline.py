@@ -30,6 +30,7 @@ import functools
 from tfdist.errors import ConfigError
 from tfdist.model_parallel import graph as graph_lib
 from tfdist.model_parallel import placed_updates, plan, schedules, surgery, update_order
+from tfdist.model_parallel import stage as stage_lib
 
 
 def _add(a, b):
@@ -67,50 +68,34 @@ def _model_class():
             schedule: "gpipe" or "1f1b".
         """
 
-        def __init__(self, inner, stage_of, stage_devices, microbatches=1, schedule="gpipe",
-                     copies=(), **kwargs):
+        def __init__(self, inner, plan, microbatches=1, schedule="gpipe", copies=(), **kwargs):
             super().__init__(**kwargs)
             self.inner = inner
             self.microbatches = int(microbatches)
             self.schedule_name = schedule
-            self._graph = graph_lib.from_keras(inner)
-            cuts = graph_lib.cuts_of(self._graph, stage_of)
-            self._bounds = [0, *cuts, len(self._graph.nodes)]
+            self.schedule = schedules.build(schedule, plan.num_stages, self.microbatches)
             # Copy 0 is `inner`; the others (data-parallel copies of the pipeline) are
-            # kept out of Keras's tracking, so the model's variables, its backups and
-            # its optimizer's slots are copy 0's alone.
-            # (Keras tracks layers and variables in lists set as attributes, so these
-            # per-copy lists are set past its tracking.)
+            # kept out of Keras's tracking (set past its `__setattr__`), so the model's
+            # variables, its backups and its optimizer's slots are copy 0's alone.
             untracked = functools.partial(object.__setattr__, self)
-            untracked("_copies", [inner, *[c for c, _ in copies]])
-            untracked("_copy_groups", [[(d,) if isinstance(d, str) else tuple(d) for d in devs]
-                                       for devs in [stage_devices, *[d for _, d in copies]]])
-            self.stage_groups = self._copy_groups[0]
-            self.stage_devices = [group[0] for group in self.stage_groups]
-            # Each copy's own graph: the same cuts, its own tensors.
-            untracked("_copy_graphs",
-                      [self._graph, *[graph_lib.from_keras(c) for c in self._copies[1:]]])
-            untracked("_copy_nodes", [graph_lib.keras_nodes(copy) for copy in self._copies])
-            self._nodes = self._copy_nodes[0]
-            p = len(self.stage_devices)
-            self.schedule = schedules.build(schedule, p, self.microbatches)
-            untracked("_copy_stage_layers", [])
-            untracked("_copy_stage_variables", [])
-            for copy in self._copies:
-                layers = {layer.name: layer for layer in copy.layers}
-                stage_layers = [
-                    list(dict.fromkeys(layers[n.layer] for n in self._graph.nodes[a:b]))
-                    for a, b in zip(self._bounds, self._bounds[1:])]
-                ids = {id(v) for v in copy.trainable_variables}
-                self._copy_stage_layers.append(stage_layers)
-                self._copy_stage_variables.append([
-                    [v for layer in stage for v in layer.trainable_weights if id(v) in ids]
-                    for stage in stage_layers])
-            self.stage_layers = self._copy_stage_layers[0]
+            untracked("plan", plan)
+            untracked("_copies", [inner, *copies])
+            untracked("pipelines", [_stages(copy, plan, groups)
+                                    for copy, groups in zip(self._copies, plan.copy_groups)])
+            self.stage_groups = list(plan.copy_groups[0])
+            self.stage_devices = [stage.device for stage in self.stages]
+            # Tracked as before the Stage class (the same layers and variables, in the
+            # same order), so `model.variables`, and so backups, keep their order.
+            self.stage_layers = [stage.layers for stage in self.stages]
             self.pipeline_layers = [layer for stage in self.stage_layers for layer in stage]
             self.stage_sizes = [len(stage) for stage in self.stage_layers]
-            self._stage_variables = self._copy_stage_variables[0]
+            self._stage_variables = [stage.variables for stage in self.stages]
             self.built = True
+
+        @property
+        def stages(self):
+            """Copy 0's `Stage`s, in pipeline order."""
+            return self.pipelines[0]
 
         @property
         def num_copies(self) -> int:
@@ -119,7 +104,7 @@ def _model_class():
 
         def copy_devices(self, c):
             """The stage devices of copy `c`."""
-            return [group[0] for group in self._copy_groups[c]]
+            return [stage.device for stage in self.pipelines[c]]
 
         def sync_copies(self):
             """Gives every copy copy 0's weights (after a backup was restored into copy 0)."""
@@ -127,12 +112,8 @@ def _model_class():
                 self._assign_from_first(c)
 
         def _assign_from_first(self, c):
-            for s, device in enumerate(self.copy_devices(c)):
-                with tf.device(device):
-                    for mine, first in zip(
-                            (w for layer in self._copy_stage_layers[c][s] for w in layer.weights),
-                            (w for layer in self.stage_layers[s] for w in layer.weights)):
-                        mine.assign(first)
+            for mine, first in zip(self.pipelines[c], self.stages):
+                mine.assign_from(first)
 
         def compile(self, *args, **kwargs):
             """Keras's compile; refuses optimizers that would step tensor-parallel shards
@@ -154,7 +135,7 @@ def _model_class():
 
         def crossing(self, s):
             """Ids of the tensors stage `s` takes (the tensors crossing its first cut)."""
-            return self._graph.crossing(self._bounds[s])
+            return self.stages[s].inputs
 
         def run_stage(self, s, values, training=None, copy=0):
             """Stage `s` (of copy `copy`) forward on its device: its input tensors -> its
@@ -164,23 +145,8 @@ def _model_class():
             when exactly one tensor crosses; so is the result.
             """
             single = not isinstance(values, (list, tuple))
-            values = [values] if single else list(values)
-            graph = self._copy_graphs[copy]
-            a, b = self._bounds[s], self._bounds[s + 1]
-            known = dict(zip(graph.crossing(a), values))
-            with tf.device(self.copy_devices(copy)[s]):
-                for node in self._copy_nodes[copy][a:b]:
-                    args, kwargs = node.arguments.fill_in(known)
-                    layer = node.operation
-                    if training is not None and "training" in getattr(
-                            layer, "_call_context_args", {}):
-                        kwargs["training"] = training
-                    out = layer(*args, **kwargs)
-                    for ref, value in zip(node.outputs, tree.flatten(out)):
-                        known[id(ref)] = value
-            out_ids = (graph.crossing(b) if s + 1 < len(self.stage_devices)
-                       else list(graph.outputs))
-            result = [known[i] for i in out_ids]
+            result = self.pipelines[copy][s].forward([values] if single else list(values),
+                                                     training=training)
             return result[0] if single and len(result) == 1 else result
 
         def _inputs(self, x):
@@ -263,20 +229,20 @@ def _model_class():
                 the micro-batches' losses, their predictions).
             """
             m, p = len(xs), len(self.stage_devices)
-            devices = self.copy_devices(c)
+            stages = self.pipelines[c]
             tapes, ins, outs, targets = {}, {}, {}, {}
             upstream = {}
-            sums = [[None] * len(self._copy_stage_variables[c][s]) for s in range(p)]
+            sums = [[None] * len(stage.variables) for stage in stages]
             losses, preds = [None] * m, [None] * m
             last = [[] for _ in range(p)]  # each stage's previous action, to keep the order
             for s, kind, i in schedules.order(self.schedule):
-                with tf.device(devices[s]), tf.control_dependencies(last[s]):
+                with tf.device(stages[s].device), tf.control_dependencies(last[s]):
                     if kind == "F":
                         h = xs[i] if s == 0 else outs[(i, s - 1)]
                         with tf.GradientTape() as tape:
                             if s > 0:  # the model's own inputs (maybe tokens) need no gradient
                                 tape.watch([t for t in h if t.dtype.is_floating])
-                            out = self.run_stage(s, list(h), training=True, copy=c)
+                            out = stages[s].forward(list(h), training=True)
                             if s == p - 1:
                                 pred = self._pack(out)
                                 losses[i] = self._compute_loss(
@@ -288,34 +254,16 @@ def _model_class():
                         tapes[(i, s)], ins[(i, s)], outs[(i, s)] = tape, h, out
                         last[s] = tree.flatten(out)
                     else:
-                        grads, upstream[(i, s - 1)] = self._backward(
-                            s, tapes.pop((i, s)), ins.pop((i, s)),
+                        grads, upstream[(i, s - 1)] = stages[s].backward(
+                            tapes.pop((i, s)), ins.pop((i, s)),
                             targets.pop((i, s), None) or outs[(i, s)],
-                            upstream.pop((i, s), None), copy=c)
-                        # Summed now, and the stage's next action waits for the sum, so
-                        # each micro-batch's gradients die before the next backward makes
-                        # its own: kept until after the schedule, M micro-batches held M
-                        # stage-sized sets of gradients at once (#29: 12 Dense 4096x4096 on
-                        # 2 stage processes, M = 4, each peaked at 0.95 of one process).
+                            upstream.pop((i, s), None))
+                        # Summed now, and the stage's next action waits for the sum, so a
+                        # stage holds one micro-batch's gradients beside its running sum,
+                        # never M sets at once.
                         sums[s] = [_add(t, g) for t, g in zip(sums[s], grads)]
                         last[s] = [_dense(t) for t in sums[s] if t is not None]
             return sums, losses, preds
-
-        def _backward(self, s, tape, inputs, targets, upstream, copy=0):
-            """Stage `s`'s backward: (its variables' gradients, its inputs' gradients)."""
-            given = None
-            if s < len(self.stage_devices) - 1:  # the outputs a later stage sent a gradient for
-                kept = [(t, g) for t, g in zip(targets, upstream or []) if g is not None]
-                targets, given = [t for t, _ in kept], [g for _, g in kept]
-            floating = [t for t in inputs if t.dtype.is_floating] if s > 0 else []
-            variables = self._copy_stage_variables[copy][s]
-            if not targets:
-                return [None] * len(variables), [None] * len(inputs)
-            g = tape.gradient(targets, [*floating, *variables], output_gradients=given)
-            into, rest = iter(g[:len(floating)]), g[len(floating):]
-            into_inputs = [next(into) if (s > 0 and t.dtype.is_floating) else None
-                           for t in inputs]
-            return list(rest), into_inputs
 
         def save(self, filepath, *args, **kwargs):
             """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""
@@ -359,38 +307,25 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         ConfigError: for a model that cannot be cut, a bad placement, a missing device.
     """
     schedules.build(schedule, 1, 1)  # the name, before any work
-    if copies > 1:
-        if placement or not devices or len(devices) % copies:
-            raise ConfigError(f"{copies} copies of the pipeline need devices for each "
-                              f"(copy-major) and no placement. Received: {len(devices or [])} "
-                              f"device(s), placement {placement!r}.")
-        per = len(devices) // copies
-        groups_of = [devices[c * per:(c + 1) * per] for c in range(copies)]
-        first = split(model, groups_of[0], "", microbatches, schedule, tensor_parallel)
-        stage_of = {layer.name: s for s, stage in enumerate(first.stage_layers)
-                    for layer in stage}
-        extra = []
-        for group in groups_of[1:]:
-            stage_groups = _groups(group, tensor_parallel)
-            extra.append((surgery.placed_clone(
-                model, {name: stage_groups[s] for name, s in stage_of.items()}),
-                stage_groups))
-        return _model_class()(first.inner, stage_of, first.stage_groups, microbatches,
-                              schedule, copies=extra, name=model.name)
-    t = plan.check_tensor_parallel(len(devices or []), tensor_parallel, bool(placement))
+    if copies > 1 and (placement or not devices or len(devices) % copies):
+        raise ConfigError(f"{copies} copies of the pipeline need devices for each "
+                          f"(copy-major) and no placement. Received: {len(devices or [])} "
+                          f"device(s), placement {placement!r}.")
+    per = len(devices or []) // max(copies, 1)
+    first_devices = devices[:per] if copies > 1 else devices
+    t = plan.check_tensor_parallel(len(first_devices or []), tensor_parallel, bool(placement))
     graph = graph_lib.from_keras(model)
     if placement:
         groups = plan.parse_placement(placement)
         cuts = graph_lib.stages_from_groups(graph, [names for _, names in groups])
-        stage_devices = [device for device, _ in groups]
+        stage_groups = [(device,) for device, _ in groups]
     else:
-        if not devices:
+        if not first_devices:
             raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) "
                               "or --placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
-        groups = [tuple(devices[s * t:(s + 1) * t]) for s in range(len(devices) // t)]
-        cuts = graph_lib.balanced_cuts(graph, len(groups))
-        stage_devices = _groups(devices, t)
-    bounds = [0, *cuts, len(graph.nodes)]
+        stage_groups = _groups(first_devices, t)
+        cuts = graph_lib.balanced_cuts(graph, len(stage_groups))
+    bounds = (0, *cuts, len(graph.nodes))
     stage_of = {}
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
         for node in graph.nodes[a:b]:
@@ -399,14 +334,27 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
                     f"Layer {node.layer!r} is called in stage {stage_of[node.layer]} and stage "
                     f"{s}; a shared layer's weights live on one device. Keep its calls in one "
                     "stage (--placement), or use a data-parallel strategy.")
-    inner = surgery.placed_clone(
-        model, {name: stage_devices[s] for name, s in stage_of.items()})
-    return _model_class()(inner, stage_of, stage_devices, microbatches, schedule,
+    copy_groups = [stage_groups] + [_groups(devices[c * per:(c + 1) * per], t)
+                                    for c in range(1, copies)]
+    split_plan = stage_lib.SplitPlan(bounds, tuple(n.layer for n in graph.nodes),
+                                     tuple(tuple(g) for g in copy_groups))
+    clones = [surgery.placed_clone(model, {name: groups[s] for name, s in stage_of.items()})
+              for groups in split_plan.copy_groups]
+    return _model_class()(clones[0], split_plan, microbatches, schedule, copies=clones[1:],
                           name=model.name)
 
 
+def _stages(copy, split_plan, groups):
+    """The `Stage`s of one placed copy of the model, cut as `split_plan` says."""
+    nodes = graph_lib.keras_nodes(copy)
+    graph = graph_lib.from_keras(copy, nodes)
+    if tuple(n.layer for n in graph.nodes) != split_plan.layers:
+        raise ConfigError(f"A copy of model {copy.name!r} calls its layers in another order "
+                          "than the model it was cut from; it cannot take the same stages.")
+    return [stage_lib.Stage(s, graph, nodes, split_plan.bounds, copy, devices)
+            for s, devices in enumerate(groups)]
+
+
 def _groups(devices, t):
-    """Each stage's device (T = 1) or tuple of T devices."""
-    if t == 1:
-        return list(devices)
+    """Each stage's tuple of T devices."""
     return [tuple(devices[s * t:(s + 1) * t]) for s in range(len(devices) // t)]

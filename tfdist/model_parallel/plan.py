@@ -22,6 +22,16 @@ def even_split(num_items: int, num_parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_parts)]
 
 
+def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """Pure function: [start, stop) of each of `parts` near-equal shards of `total`
+    (earlier ones larger, as `even_split`)."""
+    out, start = [], 0
+    for size in even_split(total, parts):
+        out.append((start, start + size))
+        start += size
+    return out
+
+
 def check_tensor_parallel(devices: int, tensor_parallel: int, placement: bool = False) -> int:
     """Pure function: the tensor-parallel degree T, checked against the devices (P stages x T).
 

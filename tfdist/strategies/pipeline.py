@@ -8,7 +8,7 @@ fraction of each step is about (p - 1) / (M + p - 1) for p balanced stages;
 
 In one process the stages are logical devices (`--devices`). Started as
 several tasks (`tfdist.launch -n P`, TF_CONFIG, Slurm), each task holds one
-stage, its weights and optimizer state (`tfdist.model_parallel.stages`): the
+stage, its weights and optimizer state (`tfdist.model_parallel.tasks`): the
 chief drives the run and holds stage 0, the other tasks serve theirs.
 """
 
@@ -71,11 +71,11 @@ class StageHooks(model_parallel.ModelParallelHooks):
     """Trainer hooks of the chief of a pipeline across processes."""
 
     def __init__(self, options, cluster):
-        from tfdist.model_parallel import stages
+        from tfdist.model_parallel import tasks
 
         self.cluster = cluster
-        devices = stages.stage_devices(cluster.num_tasks, options.stages)
-        _, copies = stages.layout(cluster.num_tasks, options.stages)
+        devices = tasks.stage_devices(cluster.num_tasks, options.stages)
+        _, copies = tasks.layout(cluster.num_tasks, options.stages)
         super().__init__(options, self._split)
         self.devices = devices
         self.copies = copies
@@ -84,12 +84,12 @@ class StageHooks(model_parallel.ModelParallelHooks):
         """`transform_model` over the tasks; a model too small for the stages is refused
         with advice in processes and --stages (--devices does not apply here)."""
         from tfdist.errors import ConfigError
-        from tfdist.model_parallel import graph, stages
+        from tfdist.model_parallel import graph, tasks
 
         try:
             return transform_model(model, options, self.devices, self.copies)
         except graph.SplitError as e:
-            raise ConfigError(stages.too_many_stages(len(self.devices), e.stages,
+            raise ConfigError(tasks.too_many_stages(len(self.devices), e.stages,
                                                      e.most)) from None
 
     def num_replicas(self, strategy) -> int:
@@ -106,9 +106,9 @@ class StageHooks(model_parallel.ModelParallelHooks):
         0's only)."""
         import keras
 
-        from tfdist.model_parallel import stages
+        from tfdist.model_parallel import tasks
 
-        out = [stages.watchdog(self.cluster, self.options.timeout_s or 0,
+        out = [tasks.watchdog(self.cluster, self.options.timeout_s or 0,
                                stages=self.options.stages)]
         if self.copies > 1:
             class SyncCopies(keras.callbacks.Callback):
@@ -127,9 +127,9 @@ class StageHooks(model_parallel.ModelParallelHooks):
     def lost_peer(self, strategy, error):
         """The first stage task that no longer accepts connections (a TensorFlow error
         names no task): its port closes when its process dies."""
-        from tfdist.model_parallel import stages
+        from tfdist.model_parallel import tasks
 
-        return stages.lost_stage(self.cluster, stages=self.options.stages)
+        return tasks.lost_stage(self.cluster, stages=self.options.stages)
 
 
 @register
@@ -146,20 +146,20 @@ class Pipeline(model_parallel.ModelParallel):
     @classmethod
     def check_cluster(cls, cluster):
         if cluster.num_tasks > 1:
-            from tfdist.model_parallel import stages
+            from tfdist.model_parallel import tasks
 
-            stages.check_cluster(cluster)
+            tasks.check_cluster(cluster)
 
     @classmethod
     def check_config(cls, settings, cluster):
         options = settings.adapter
         if cluster.num_tasks > 1:
-            from tfdist.model_parallel import stages
+            from tfdist.model_parallel import tasks
 
-            stages.check_options(cluster, options.stages, options.devices or 0,
+            tasks.check_options(cluster, options.stages, options.devices or 0,
                                  options.tensor_parallel, options.placement)
-            _, copies = stages.layout(cluster.num_tasks, options.stages)
-            stages.check_batch(settings.training.global_batch_size, copies,
+            _, copies = tasks.layout(cluster.num_tasks, options.stages)
+            tasks.check_batch(settings.training.global_batch_size, copies,
                                options.microbatches)
         else:
             check_one_process(options)
@@ -173,13 +173,13 @@ class Pipeline(model_parallel.ModelParallel):
         In float32 a run at another --microbatches is the same math (to float32
         rounding) and resumes there."""
         from tfdist.errors import ConfigError
-        from tfdist.model_parallel import stages
+        from tfdist.model_parallel import tasks
 
         options = settings.adapter
         out = f"-{options.devices}dev" if options.devices else ""
         if workers > 1:  # --devices is 0 or P there: the stages say it
             try:
-                p, copies = stages.layout(workers, options.stages)
+                p, copies = tasks.layout(workers, options.stages)
             except ConfigError:  # refused by `check_config`, naming both numbers
                 p, copies = workers, 1
             out = f"-{p}st" + (f"-{copies}cp" if copies > 1 else "")
@@ -201,9 +201,9 @@ class Pipeline(model_parallel.ModelParallel):
             return build(self.cluster, self.options)
         import tensorflow as tf
 
-        from tfdist.model_parallel import stages
+        from tfdist.model_parallel import tasks
 
-        stages.connect(self.cluster, self.options.startup_timeout_s)
+        tasks.connect(self.cluster, self.options.startup_timeout_s)
         return tf.distribute.get_strategy()
 
     def hooks(self):
@@ -214,7 +214,7 @@ class Pipeline(model_parallel.ModelParallel):
     def serve(self, threads: int = 0):
         """A stage task other than the chief: serves its stage until the chief ends
         (never returns)."""
-        from tfdist.model_parallel import stages
+        from tfdist.model_parallel import tasks
 
-        stages.serve(self.cluster, threads, self.options.startup_timeout_s,
+        tasks.serve(self.cluster, threads, self.options.startup_timeout_s,
                      self.options.stages)

@@ -1,4 +1,4 @@
-"""Pipeline stages in processes of their own (`--strategy pipeline` on a cluster).
+"""Pipeline stage tasks: stages in processes of their own (`--strategy pipeline` on a cluster).
 
 Each task of the job holds one stage: its layers' weights, their optimizer
 slots, and the compute of its forward and backward passes. The chief (task 0)
@@ -9,10 +9,10 @@ CPUs, builds and runs each stage on its task; the tensors crossing a cut
 travel by TensorFlow's gRPC. The other tasks run a `tf.distribute.Server`
 and serve until the chief has gone (`tfdist.ps.server`).
 
-Measured on this machine (TF 2.21): a stage's backward must be computed under
-its own device (`PipelineModel` keeps a tape per stage), or every gradient op
-runs on the client; and a stage task needs two inter-op threads even on one
-core (`inter_op_threads`). No transport of tfdist's own.
+Rules the tasks depend on: a stage's backward is computed under its own
+device (each `Stage` keeps its own tape), or every gradient op runs on the
+client; a stage task needs two inter-op threads even on one core
+(`inter_op_threads`). No transport of tfdist's own.
 
 Pure functions here, and `connect` / `serve`, which import TensorFlow when called.
 """

@@ -11,7 +11,7 @@ from tfdist import config, strategies
 from tfdist.run import trainer
 from tfdist.cluster import detect
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import stages
+from tfdist.model_parallel import tasks
 
 
 def _check(cfg, cluster, choice=None):
@@ -34,18 +34,18 @@ def check(cluster, *args):
 
 
 def test_each_task_holds_one_stage_on_its_own_cpu_copy_major():
-    assert stages.stage_devices(3) == [
+    assert tasks.stage_devices(3) == [
         "/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0",
         "/job:worker/replica:0/task:2/device:CPU:0"]
-    assert stages.stage_devices(2, stages=2) == stages.stage_devices(2)
-    assert stages.layout(3) == (3, 1) and stages.layout(6, 2) == (2, 3)
-    assert stages.layout(4, 4) == (4, 1)
+    assert tasks.stage_devices(2, stages=2) == tasks.stage_devices(2)
+    assert tasks.layout(3) == (3, 1) and tasks.layout(6, 2) == (2, 3)
+    assert tasks.layout(4, 4) == (4, 1)
 
 
 @pytest.mark.parametrize("n,asked", [(2, 3), (6, 4), (1, 0), (4, 1)])
 def test_stages_that_do_not_divide_the_tasks_are_refused_naming_both(n, asked):
     with pytest.raises(ConfigError, match=rf"--stages {asked or n} on {n} task\(s\)"):
-        stages.stage_devices(n, asked)
+        tasks.stage_devices(n, asked)
 
 
 def test_pipeline_started_as_several_tasks_is_one_stage_each_and_only_the_chief_runs_the_loop():
@@ -98,40 +98,40 @@ def test_a_task_on_another_process_keeps_its_task_in_the_placement_table():
 def test_the_lost_stage_is_the_first_other_task_whose_port_is_closed():
     cluster = launched(4)
     down = {"127.0.0.1:4002", "127.0.0.1:4003"}
-    lost = stages.lost_stage(cluster, reachable=lambda a: a not in down)
+    lost = tasks.lost_stage(cluster, reachable=lambda a: a not in down)
     assert (lost.rank, lost.address, lost.job) == (2, "127.0.0.1:4002", "pipeline stage")
     assert trainer.describe_peer_failure(lost, cluster) == "pipeline stage 2 (127.0.0.1:4002)"
-    assert stages.lost_stage(cluster, reachable=lambda a: True) is None
+    assert tasks.lost_stage(cluster, reachable=lambda a: True) is None
     # The chief's own address is never probed (it is this process).
-    assert stages.lost_stage(cluster, reachable=lambda a: a == "127.0.0.1:4001"
+    assert tasks.lost_stage(cluster, reachable=lambda a: a == "127.0.0.1:4001"
                              or a != "127.0.0.1:4000") is None
 
 
 def test_with_copies_a_task_is_named_by_its_copy_and_stage():
     # 2 stages x 2 copies: task 2 is copy 1's stage 0; there is no "stage 2".
-    assert [stages.stage_name(t, 4, 2) for t in range(4)] == [
+    assert [tasks.stage_name(t, 4, 2) for t in range(4)] == [
         ("pipeline copy 0 stage", 0), ("pipeline copy 0 stage", 1), ("pipeline copy 1 stage", 0),
         ("pipeline copy 1 stage", 1)]
-    assert stages.stage_name(3, 4) == ("pipeline stage", 3)
+    assert tasks.stage_name(3, 4) == ("pipeline stage", 3)
     cluster = launched(4)
-    lost = stages.lost_stage(cluster, reachable=lambda a: a != "127.0.0.1:4002", stages=2)
+    lost = tasks.lost_stage(cluster, reachable=lambda a: a != "127.0.0.1:4002", stages=2)
     assert trainer.describe_peer_failure(lost, cluster) == (
         "pipeline copy 1 stage 0 (127.0.0.1:4002)")
 
 
 def test_a_step_is_overdue_after_the_timeout_and_never_without_one():
-    assert not stages.step_overdue(100.0, None, 60)
-    assert not stages.step_overdue(159.9, 100.0, 60)
-    assert stages.step_overdue(160.0, 100.0, 60)
-    assert not stages.step_overdue(10**6, 100.0, 0)
+    assert not tasks.step_overdue(100.0, None, 60)
+    assert not tasks.step_overdue(159.9, 100.0, 60)
+    assert tasks.step_overdue(160.0, 100.0, 60)
+    assert not tasks.step_overdue(10**6, 100.0, 0)
 
 
 def test_stage_tasks_get_two_inter_op_threads_even_on_one_core_unless_asked():
     # One thread queues each forward's send behind the stage's next forwards.
-    assert stages.inter_op_threads(0, 1) == 2
-    assert stages.inter_op_threads(0, 16) == 16
-    assert stages.inter_op_threads(1, 1) == 1  # --inter-op-threads 1 is kept
-    assert stages.inter_op_threads(3, 16) == 3
+    assert tasks.inter_op_threads(0, 1) == 2
+    assert tasks.inter_op_threads(0, 16) == 16
+    assert tasks.inter_op_threads(1, 1) == 1  # --inter-op-threads 1 is kept
+    assert tasks.inter_op_threads(3, 16) == 3
 
 
 def test_the_hung_stage_is_the_first_other_task_that_does_not_answer_an_op():
@@ -142,16 +142,16 @@ def test_the_hung_stage_is_the_first_other_task_that_does_not_answer_an_op():
         asked.append((device, timeout_s))
         return not device.endswith("task:2/device:CPU:0")
 
-    lost = stages.hung_stage(cluster, 5.0, answers=answers)
+    lost = tasks.hung_stage(cluster, 5.0, answers=answers)
     assert (lost.rank, lost.address, lost.job) == (2, "127.0.0.1:4002", "pipeline stage")
-    assert [d for d, _ in asked] == [stages.task_device(1), stages.task_device(2)]  # not self
-    assert stages.hung_stage(cluster, 5.0, answers=lambda d, t: True) is None
+    assert [d for d, _ in asked] == [tasks.task_device(1), tasks.task_device(2)]  # not self
+    assert tasks.hung_stage(cluster, 5.0, answers=lambda d, t: True) is None
 
 
 def test_the_watchdog_keeps_watching_after_a_step_and_an_epoch_until_training_ends():
     # The backup callback runs after the watchdog's and reads every stage's
     # variables: a stage stopped during a backup must still be found.
-    dog = stages.watchdog(launched(2), timeout_s=60)
+    dog = tasks.watchdog(launched(2), timeout_s=60)
     assert dog.started is None
     dog.on_train_batch_begin(0)
     begun = dog.started
@@ -175,9 +175,9 @@ def test_the_watchdog_keeps_watching_after_a_step_and_an_epoch_until_training_en
 def test_a_batch_that_copies_and_micro_batches_cannot_share_is_refused_saying_what_fits(
         batch, copies, m, says):
     with pytest.raises(ConfigError) as e:
-        stages.check_batch(batch, copies, m)
+        tasks.check_batch(batch, copies, m)
     assert says in str(e.value)
-    assert stages.check_batch(64, 2, 4) == 8
+    assert tasks.check_batch(64, 2, 4) == 8
 
 
 @pytest.mark.parametrize("n, args, says", [
@@ -192,12 +192,12 @@ def test_every_task_refuses_a_bad_split_before_tensorflow(n, args, says):
 
 def test_a_model_too_small_for_the_processes_gets_advice_in_processes_and_stages():
     # -n 3, a model of at most 2 stages: 3 has no divisor that fits; start 2.
-    line = stages.too_many_stages(3, 3, 2)
+    line = tasks.too_many_stages(3, 3, 2)
     assert line.startswith("Cannot split the model into 3 stages: it can be cut into at "
                            "most 2, and across processes each of the 3 tasks holds one stage.")
     assert "Start 2 processes (python -m tfdist.launch -n 2 -- ...)." in line
     assert "--devices" not in line and "--placement" not in line and "--stages" not in line
     # -n 4: --stages 2 keeps the 4 processes as 2 copies.
     assert ("or keep 4 processes with --stages 2 (2 data-parallel copies of 2 stages)"
-            in stages.too_many_stages(4, 4, 2))
-    assert "Train it in one process" in stages.too_many_stages(2, 2, 1)
+            in tasks.too_many_stages(4, 4, 2))
+    assert "Train it in one process" in tasks.too_many_stages(2, 2, 1)
