@@ -82,8 +82,7 @@ OPTIONS: dict[str, Option] = {
                         "measured default, multi_worker 4, shm 0)", ge=-1, le=4096),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
-    # With --threads 1 a worker still used ~1.5 cores through the inter-op pool
-    # (bench scaling); 1 makes it one.
+    # --threads sizes only the intra-op pool: a worker held to one core needs 1 here too.
     "inter_op_threads": Option(0, "inter-op threads per process (0: TensorFlow's choice; "
                                "a pipeline's stage tasks take at least 2)",
                                ge=0, le=4096),

@@ -32,6 +32,7 @@ import os
 import re
 import socket
 
+from tfdist import parameters
 from tfdist.errors import ConfigError, StorageError, describe_os_error
 
 LOCK_NAME = ".tfdist.lock"
@@ -99,10 +100,7 @@ def backup_bytes(variables) -> int:
     """Pure-ish: bytes one backup of `variables` takes (values plus zip overhead)."""
     total = 0
     for v in variables:
-        count = 1
-        for d in v.shape:
-            count *= int(d)
-        total += count * _itemsize(v.dtype) + 512
+        total += parameters.count([v]) * _itemsize(v.dtype) + 512
     return total + 64 * 1024
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 def model_stats(recipe_name: str) -> dict:
     """Parameters, gradient bytes and training FLOPs per example of a recipe's model."""
-    import numpy as np
-
+    from tfdist import parameters
     from tfdist import recipe as recipe_lib
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
@@ -27,6 +26,6 @@ def model_stats(recipe_name: str) -> dict:
             forward += 2 * h * w * kh * kw * cin * cout
         elif layer.count_params() or kind not in ("InputLayer",):
             ignored.add(kind)
-    params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    params = parameters.count(model.trainable_variables)
     return {"params": params, "grad_bytes": params * 4, "forward_flops": int(forward),
             "train_flops_per_example": int(3 * forward), "ignored_layers": sorted(ignored)}

@@ -10,10 +10,9 @@ processes in which tfdist and raw take turns every `--segment-steps` steps
 (`tfdist.bench.paired_worker`), so whatever slows a process or a few seconds
 of the machine slows both. `--compare runs`: tfdist and raw each run in
 their own processes, `--steps` steps, interleaved (tfdist first in odd
-rounds, raw first in even ones). Measured on 2 shared cores, separate runs
-spread 0.88-1.12 in per-round tfdist/raw (0.75-1.28 bound to cores), and
-taking turns 0.97-1.00: the noise is between processes, which the segments
-cancel.
+rounds, raw first in even ones). The noise is between processes (per-round
+tfdist/raw 0.88-1.12 in separate runs, 0.97-1.00 taking turns, on 2 shared
+cores), so only segments resolve the 2% the goal asks.
 
 Each round gives one ratio per engine; the reported ratio is their mean with
 a 95% t interval. After `--rounds` rounds, more are added for the engines

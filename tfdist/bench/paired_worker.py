@@ -11,10 +11,9 @@ thread; every `segment_steps` steps each side hands the turn to the other
 and waits. Whatever slows the process slows both alike.
 
 Both sides pause and resume the same way, inside a callback of their own
-long-running `fit`. (Measured: with raw run instead as a fresh `fit` nested in
-a callback of tfdist's, one per turn, the outer `fit`'s first steps after
-each turn were slow, 370, 274 and 269 ms against about 205 ms steady, and
-the ratio read 0.83.) Each segment is timed on rank 0 from the moment its
+long-running `fit`: a `fit` nested in the other's callback would make the
+outer one pay a slow first step after every turn that the inner one does not
+(about 1.5x a steady step). Each segment is timed on rank 0 from the moment its
 side got the turn to the end of its last step, so everything in a side's
 step cycle (for tfdist its callbacks, the periodic preemption agreement) is
 in it. Only one side runs at a time, so their collectives never interleave;

@@ -9,11 +9,11 @@ function); metrics.json's figure, which includes them, is kept beside it.
 
 The 1-worker point is one baseline per recipe and mode, shared by every
 engine: `single` through `tfdist.launch -n 1`, so that two engines' curves
-differ only in their K-worker runs (a baseline per engine once gave shm
-"1.14" because its own baseline happened to be slow). `--repeats R` runs the
-baseline and every engine's points interleaved R times; each point is its
-median run, and the error bars are the range of the per-repeat efficiencies,
-each K-worker run against the baseline of its own repeat. Efficiency above 1
+differ only in their K-worker runs, never in the noise of their own
+baselines. `--repeats R` runs the baseline and every engine's points
+interleaved R times; each point is its median run, and the error bars are
+the range of the per-repeat efficiencies, each K-worker run against the
+baseline of its own repeat. Efficiency above 1
 cannot be real here (K workers on K cores' share of one machine) and is
 flagged as noise in the JSON, the table and the plot. `--grad-compression
 none,fp16` adds a curve per compression (`multi_worker+fp16`, ...).
@@ -76,7 +76,7 @@ from tfdist.bench.model_stats import model_stats
 from tfdist.bench.allreduce import comm_seconds
 
 DESCRIPTION = "weak and strong scaling over 1..N workers (speedup = T1/TN, efficiency = speedup/N)"
-# Examples per worker for weak scaling: the 4.7M MLP's earlier measurements used 128.
+# Examples per worker for weak scaling (docs/benchmarks.md's figures are at these).
 PER_WORKER = {"synthetic_cnn": 64, "wide_mlp": 128}
 MODES = ("weak", "strong")
 # A control worker's steps at most, in --steps: it ends once all K ran --steps (see one_control).

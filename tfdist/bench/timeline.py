@@ -10,7 +10,8 @@ ran, on one clock across the processes of one machine.
 `read` turns them into op intervals per task and the chief's step marks;
 `summarize` (pure) gives, per task, the share of the traced window and of each
 whole step its ops kept it busy, and the longest idle gaps with the ops either
-side: how #29's forward was found not to be pipelined (docs/benchmarks.md).
+side: whether a pipeline's stages overlap or wait for each other beyond
+GPipe's bubble.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ TensorFlow; `from_keras` reads them off a built Keras model.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
+from tfdist import parameters
 from tfdist.errors import ConfigError
 
 
@@ -226,7 +226,7 @@ def from_keras(model, calls=None) -> Graph:
     nodes, counted = [], set()
     for node in keras_nodes(model) if calls is None else calls:
         layer = node.operation
-        params = 0 if id(layer) in counted else sum(math.prod(w.shape) for w in layer.weights)
+        params = 0 if id(layer) in counted else parameters.count(layer.weights)
         counted.add(id(layer))
         nodes.append(Node(layer.name, tuple(id(t) for t in node.input_tensors),
                           tuple(id(t) for t in node.outputs), bool(layer.weights), params))

@@ -1,12 +1,12 @@
 """Each stage's optimizer work on the stage's own device.
 
-Keras 3's TensorFlow optimizer places none of its ops: the default strategy's
-`extended.update` sets no device, and clipping, the one-replica all-reduce and
-a LossScaleOptimizer's unscale and finite check are plain ops. In one process
-that costs nothing; with stages in other processes (#29) every op without a
-device runs on the caller, the chief, so each stage's gradients (and, for the
-update, its slots) travelled to the chief and back every step, and the
-chief's memory grew with the whole model's.
+An op without a device runs on the caller, which for stages in other
+processes (#29) is the chief; so every op that reads a stage's gradients or
+slots must be placed on that stage's device, or they cross to the chief and
+back each step and the chief holds the whole model's. Keras 3's TensorFlow
+optimizer places none of them: the default strategy's `extended.update` sets
+no device, and clipping, the one-replica all-reduce and a LossScaleOptimizer's
+unscale and finite check are plain ops.
 
 `place(optimizer)` wraps one optimizer's methods so that each of these ops
 runs on the device of the gradient or variable it reads: the same ops in the

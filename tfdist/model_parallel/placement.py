@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tfdist import parameters
 from tfdist.compat.tf_device_scope import place_layer
 from tfdist.errors import ConfigError
 
@@ -95,7 +96,7 @@ def placement_rows(layers) -> list[tuple[str, str, int, int]]:
     for layer in layers:
         per_device: dict[str, list[int]] = {}
         for v in layer.weights:
-            size = int(np.prod(v.shape))
+            size = parameters.count([v])
             entry = per_device.setdefault(short_name(variable_device(v)), [0, 0])
             entry[0] += size
             entry[1] += size * np.dtype(v.dtype).itemsize
