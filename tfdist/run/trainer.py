@@ -330,12 +330,10 @@ class FitRun:
 
         from tfdist import distributed
         from tfdist.compat.tf_startup_logs import hide_float16_notice
-        from tfdist.strategies.devices import gpu_count
+        from tfdist.strategies.devices import cpu_split, gpu_count
 
         options, optim_ = settings.adapter, settings.optimization
-        split = options.devices if options.devices and options.devices > 1 and gpu_count() == 0 \
-            else None
-        loop_lib.set_up(settings, cpu_devices=split)
+        loop_lib.set_up(settings, cpu_devices=cpu_split(options.devices))
         # The set-up an own script's tfdist.setup() gets: adapter, strategy, hooks.
         self.dist = dist = distributed.build(
             settings.strategy, cluster, options, gpu_count(),
