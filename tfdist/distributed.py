@@ -210,7 +210,7 @@ def setup(strategy: str = "auto", **options) -> Distributed:
     configure_runtime(cpu_devices=cpu_split(devices), intra_op_threads=runtime.threads or None,
                       inter_op_threads=runtime.inter_op_threads or None)
     adapter_class = choice.resolve(gpu_count())
-    if not adapter_class.runs_loop(info):  # a pipeline's stage task: it serves, never returns
+    if not adapter_class.runs_loop(info):  # a stage task, a ps server: serves, never returns
         adapter_class(info, settings.adapter).serve(runtime.threads)
     return build(strategy, info, settings.adapter, gpu_count())
 

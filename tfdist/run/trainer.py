@@ -289,11 +289,9 @@ class StageLoop(loop_lib.Loop):
     kind = "stages"
 
     def run(self, run: loop_lib.Run) -> Result:
-        adapter = run.choice.candidates[0]
-        if adapter.runs_loop(run.cluster):
+        if run.choice.candidates[0].runs_loop(run.cluster):
             return FitLoop().run(run)
-        loop_lib.start_tensorflow(run.settings)
-        return adapter(run.cluster, run.settings.adapter).serve(run.settings.runtime.threads)
+        return loop_lib.serve(run)
 
 
 # The loop each adapter's `loop` kind names.
