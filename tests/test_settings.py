@@ -8,15 +8,15 @@ from tfdist import config, settings, strategies
 
 
 def test_every_framework_option_has_exactly_one_home():
-    homes = ["strategy", *settings.section_keys(), *strategies.OPTION_FIELDS]
+    homes = ["strategy", *settings.section_keys(), *strategies.ADAPTER_OPTIONS]
     assert sorted(homes) == sorted(config.OPTIONS)  # none missing, none twice
 
 
 def test_the_adapters_section_holds_what_the_adapters_accept():
-    fields = {f.name for f in dataclasses.fields(strategies.StrategyOptions)}
-    assert set(strategies.OPTION_FIELDS.values()) <= fields
+    fields = [f.name for f in dataclasses.fields(strategies.StrategyOptions)]
+    assert fields == list(strategies.ADAPTER_OPTIONS)  # one name: the field is the option
     for adapter in strategies.REGISTRY.values():
-        assert set(adapter.accepts) <= set(strategies.OPTION_FIELDS), adapter.name
+        assert set(adapter.accepts) <= set(fields), adapter.name
 
 
 def test_built_once_from_the_merged_dict_which_still_reads_by_key():
@@ -27,7 +27,7 @@ def test_built_once_from_the_merged_dict_which_still_reads_by_key():
     assert cfg["epochs"] == 3 and cfg["hidden"] == 32  # the dict as before
     assert s.strategy == "multi_worker" and s.training.epochs == 3
     assert s.optimization.learning_rate == 0.2 and s.logs.csv_log is False
-    assert s.adapter.timeout_s == 7.0 and s.adapter.devices is None  # 0: all devices
+    assert s.adapter.collective_timeout_s == 7.0 and s.adapter.devices == 0  # 0: all devices
     assert s.recipe == {"hidden": 32}
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.training.epochs = 4  # type: ignore[misc]
@@ -84,10 +84,11 @@ def test_one_declaration_per_default_for_the_cli_the_library_and_own_scripts():
     script = config.for_script("auto", {}).typed
     assert script.adapter == cli.adapter == strategies.StrategyOptions()
     assert script.runtime == cli.runtime and script.logs == cli.logs
-    for key in strategies.OPTION_FIELDS:
-        assert config.OPTIONS[key].default == strategies.adapter_default(key), key
+    for key, option in strategies.ADAPTER_OPTIONS.items():
+        assert config.OPTIONS[key] is option, key
+        assert getattr(strategies.StrategyOptions(), key) == option.default, key
     # The disagreement #27 found: setup() waited 300 s on a silent collective, the CLI 60.
-    assert script.adapter.timeout_s == config.OPTIONS["collective_timeout_s"].default
+    assert script.adapter.collective_timeout_s == config.OPTIONS["collective_timeout_s"].default
 
 
 def test_setup_options_are_the_command_lines_checked_the_same_way():
@@ -95,8 +96,9 @@ def test_setup_options_are_the_command_lines_checked_the_same_way():
 
     s = config.for_script("pipeline", {"microbatches": 4, "collective_timeout_s": 5,
                                        "threads": 1, "devices": None}).typed
-    assert (s.adapter.microbatches, s.adapter.timeout_s, s.runtime.threads) == (4, 5.0, 1)
-    assert s.adapter.devices is None  # None: the default
+    assert (s.adapter.microbatches, s.adapter.collective_timeout_s, s.runtime.threads) == \
+        (4, 5.0, 1)
+    assert s.adapter.devices == 0  # None: the default, 0 (all devices)
     with pytest.raises(ConfigError, match=r"no option timeout_s=\. Did you mean "
                                           r"collective_timeout_s=\?"):
         config.for_script("auto", {"timeout_s": 5})

@@ -1,16 +1,18 @@
 """Run configuration: one declaration per option, recipe defaults, CLI overrides.
 
 Pure Python (no TensorFlow), so that every bad flag fails in milliseconds.
-Each option is declared once below (`Option`: default, meaning, allowed
-values; the strategies it applies to come from the adapters in
-`tfdist.strategies`); the declaration types the `--key value`
-parsing, validates every value (from the command line or a recipe's
-DEFAULTS) and writes `--help`. Like nanoGPT's configurator, a recipe's
+Each option is declared once (`Option`: default, meaning, allowed values;
+the strategies it applies to come from the adapters in `tfdist.strategies`):
+the general ones below, the strategy adapters' with their fields in
+`tfdist.strategies.StrategyOptions`. The declaration types the `--key value`
+parsing, validates every value (from the command line, a recipe's DEFAULTS or
+`tfdist.setup()`) and writes `--help`. Like nanoGPT's configurator, a recipe's
 DEFAULTS extend and override the framework's; an unknown key is an error
 (with a did-you-mean), and so is a key given twice.
 
-Adding an option is one line in OPTIONS; the merged config is a dict read as
-`cfg["key"]`.
+Adding a general option is one line in OPTIONS (and its field in one section of
+`tfdist.settings`); adding an adapter option is one field of `StrategyOptions`.
+The merged config is a dict read as `cfg["key"]`.
 """
 
 from __future__ import annotations
@@ -24,16 +26,20 @@ from tfdist.errors import ConfigError
 from tfdist.optim import PRECISIONS
 from tfdist.option import BOOL_WORDS, Option, flag
 from tfdist.lr_schedules import DECAYS
-from tfdist.compression import NAMES as COMPRESSIONS
-from tfdist.model_parallel.schedules import NAMES as PIPELINE_SCHEDULES
-from tfdist.strategies import accepting, adapter_default, refusal, refused_by, valid_names
-from tfdist.strategies.multi_worker import IMPLEMENTATIONS
+from tfdist.strategies import ADAPTER_OPTIONS, accepting, refusal, refused_by, valid_names
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "ftrl",
               "lamb", "lion", "muon", "nadam", "rmsprop")  # keras.optimizers classes by name
+
+
+def _adapter(*keys: str) -> dict[str, Option]:
+    """The adapters' declarations of `keys` (`StrategyOptions`' fields), placed in the table."""
+    return {k: ADAPTER_OPTIONS[k] for k in keys}
+
+
 # Options every recipe has. A recipe's DEFAULTS may change their defaults. The
-# adapters' options take their defaults from `strategies.StrategyOptions`, which
-# `tfdist.strategies.build_strategy` uses directly: declared once, there.
+# adapters' options are declared with their `StrategyOptions` fields and only
+# placed here (their place in --help); one not placed is listed last.
 OPTIONS: dict[str, Option] = {
     "strategy": Option("auto", "how to train (auto: horovod under horovodrun, parameter_server "
                        "with ps tasks, multi_worker on a cluster, mirrored with several local "
@@ -60,26 +66,13 @@ OPTIONS: dict[str, Option] = {
     "precision": Option("float32", "float32, or mixed precision (float16 gets loss scaling)",
                         choices=PRECISIONS),
     "seed": Option(0, "random seed (weights, shuffling)", ge=0, le=2**32 - 1),
-    "devices": Option(adapter_default("devices"), "local replicas: GPUs, else the CPU split into N logical devices "
-                      "(0: all/auto)", ge=0, le=1024),
+    **_adapter("devices"),
     "model_dir": Option("", "where the chief writes model, metrics, backups (default: "
                         "runs/RECIPE/STRATEGY[-Nw][-Mps][-Ddev][-Ttp][-slurm], stages in processes "
                         "STRATEGY-Pst[-Ccp]; named from what runs and its layout: tfdist.run.run_dir)"),
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
-    "collective": Option(adapter_default("collective"), "MultiWorkerMirroredStrategy collective implementation",
-                         choices=IMPLEMENTATIONS),
-    "collective_timeout_s": Option(adapter_default("collective_timeout_s"), "seconds after which a collective (or a pipeline "
-                                   "step) whose peer is silent ends the job (a lost host is "
-                                   "noticed in ~10 s)",
-                                   gt=0),
-    "startup_timeout_s": Option(adapter_default("startup_timeout_s"), "seconds a worker waits for its peers to start before "
-                                "the job ends (0: for ever)", ge=0),
-    "grad_compression": Option(adapter_default("grad_compression"), "cast floating gradients for the all-reduce and back "
-                               "(fp16, bf16: half the bytes on the wire)", choices=COMPRESSIONS),
-    "bucket_mb": Option(adapter_default("bucket_mb"), "gradient all-reduce buckets of about this "
-                        "many MB, from the last layer back, each started while the backward pass "
-                        "goes on (0: one all-reduce after the backward pass; -1: the engine's "
-                        "measured default, multi_worker 4, shm 0)", ge=-1, le=4096),
+    **_adapter("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression",
+               "bucket_mb"),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # --threads sizes only the intra-op pool: a worker held to one core needs 1 here too.
@@ -110,24 +103,13 @@ OPTIONS: dict[str, Option] = {
     # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
     "status_file": Option("", "the chief writes its exit status here (atomically) before "
                           "exiting"),
-    "microbatches": Option(adapter_default("microbatches"), "micro-batches per batch (pipeline)", ge=1),
-    "schedule": Option(adapter_default("schedule"), "pipeline schedule: gpipe (all forwards, then all backwards) "
-                       "or 1f1b (at most P micro-batches' activations per stage)",
-                       choices=PIPELINE_SCHEDULES),
-    "placement": Option(adapter_default("placement"), "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
-                        "an even split over --devices)"),
-    "stages": Option(adapter_default("stages"), "pipeline across processes: stages (0: one per task of the job)",
-                     ge=0),
-    "tensor_parallel": Option(adapter_default("tensor_parallel"), "devices per stage (model_parallel, pipeline): attention "
-                              "split by heads, feed-forward Dense pairs by units; --devices "
-                              "must be P*N for P stages", ge=1),
+    **_adapter("microbatches", "schedule", "placement", "stages", "tensor_parallel"),
     # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).
     "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "
                             "over these epochs", ge=0),
-    "ps_shards": Option(adapter_default("ps_shards"), "variable partitioning over the ps tasks (>1 refused: Keras 3)",
-                        ge=0),
-    "min_shard_bytes": Option(adapter_default("min_shard_bytes"), "smallest variable shard", ge=1),
+    **_adapter("ps_shards", "min_shard_bytes"),
 }
+OPTIONS.update({k: o for k, o in ADAPTER_OPTIONS.items() if k not in OPTIONS})  # not placed
 # Which strategies an option applies to is declared by the adapters (their
 # `accepts` and `refuses`), so the option table and the adapters cannot disagree.
 for _name, _option in OPTIONS.items():
@@ -287,14 +269,9 @@ def merge(recipe_defaults: Mapping[str, Any], argv: list[str], context: str) -> 
     return Config({**values, **overrides}, options, given=overrides)
 
 
-# The options an own script passes to `tfdist.setup()`: how to train and this
-# process's runtime (what to train, and for how long, is the script's own).
-# setup()'s keywords before they took the command line's names.
-RENAMED = {"timeout_s": "collective_timeout_s"}
-SCRIPT_OPTIONS = ("devices", "threads", "inter_op_threads", "collective",
-                  "collective_timeout_s", "startup_timeout_s", "grad_compression", "bucket_mb",
-                  "microbatches", "schedule", "placement", "stages", "tensor_parallel",
-                  "ps_shards", "min_shard_bytes", "tf_logs")
+# The options an own script passes to `tfdist.setup()`: how to train (every adapter
+# option) and this process's runtime (what to train, and for how long, is the script's own).
+SCRIPT_OPTIONS = (*ADAPTER_OPTIONS, "threads", "inter_op_threads", "tf_logs")
 
 
 def for_script(strategy: str, given: Mapping[str, Any]) -> Config:
@@ -309,8 +286,8 @@ def for_script(strategy: str, given: Mapping[str, Any]) -> Config:
     allowed = {k: OPTIONS[k] for k in SCRIPT_OPTIONS}
     for key in given:
         if key not in allowed:
-            close = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(
-                key, list(allowed), n=1, cutoff=0.6)
+            close = [k for k, o in allowed.items() if key in o.old_names] or \
+                difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
             hint = f" Did you mean {close[0]}=?" if close else ""
             raise ConfigError(f"{context} has no option {key}=.{hint} Its options: "
                               f"{', '.join(SCRIPT_OPTIONS)} (their meaning: python -m "

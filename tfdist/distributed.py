@@ -173,12 +173,13 @@ def setup(strategy: str = "auto", **options) -> Distributed:
             when several local devices are asked for, else single.
         **options: The command line's options of how to train, as keywords, with
             its defaults, ranges and checks (`python -m tfdist.train --help`
-            says what each means): `devices` (local replicas: GPUs, or the CPU
-            split into this many), `threads`, `inter_op_threads`, `collective`,
-            `collective_timeout_s`, `startup_timeout_s`, `grad_compression`,
-            `bucket_mb`, `microbatches`, `schedule`, `placement`, `stages`,
-            `tensor_parallel`, `ps_shards`, `min_shard_bytes`, `tf_logs` (show
-            TensorFlow's C++ start-up lines). See `tfdist.config.SCRIPT_OPTIONS`;
+            says what each means): every field of `tfdist.strategies.StrategyOptions`
+            (`devices`: local replicas, GPUs or the CPU split into this many;
+            `collective`, `collective_timeout_s`, `startup_timeout_s`,
+            `grad_compression`, `bucket_mb`, `microbatches`, `schedule`,
+            `placement`, `stages`, `tensor_parallel`, `ps_shards`,
+            `min_shard_bytes`), and `threads`, `inter_op_threads`, `tf_logs` (show
+            TensorFlow's C++ start-up lines): `tfdist.config.SCRIPT_OPTIONS`.
             None leaves an option at its default.
 
     Returns:
@@ -204,13 +205,12 @@ def setup(strategy: str = "auto", **options) -> Distributed:
     choice.check_cluster()
     runtime = settings.runtime
     import_tensorflow(show_logs=settings.logs.tf_logs or cluster_lib.detect_console().tf_logs)
-    from tfdist.strategies.devices import configure_runtime, gpu_count
+    from tfdist.strategies.devices import configure_runtime, cpu_split, gpu_count
 
-    configure_runtime(cpu_devices=devices if devices and devices > 1 and gpu_count() == 0
-                      else None, intra_op_threads=runtime.threads or None,
+    configure_runtime(cpu_devices=cpu_split(devices), intra_op_threads=runtime.threads or None,
                       inter_op_threads=runtime.inter_op_threads or None)
     adapter_class = choice.resolve(gpu_count())
-    if not adapter_class.runs_loop(info):  # a pipeline's stage task: it serves, never returns
+    if not adapter_class.runs_loop(info):  # a stage task, a ps server: serves, never returns
         adapter_class(info, settings.adapter).serve(runtime.threads)
     return build(strategy, info, settings.adapter, gpu_count())
 

@@ -40,6 +40,8 @@ class Option:
         strategies: The strategies the option applies to (None: all). Setting
             it on the command line under any other strategy is an error.
         note: Appended to errors about this option (what to use instead).
+        old_names: Names the option had before; `tfdist.setup()` given one names
+            this option in its error.
     """
 
     default: Any
@@ -53,6 +55,7 @@ class Option:
     note: str = ""
     refused_by: tuple[str, ...] = ()  # strategies that cannot honour it (for --help)
     name: str = ""  # set by the table that holds the declaration
+    old_names: tuple[str, ...] = ()
 
     @property
     def kind(self) -> type:

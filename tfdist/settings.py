@@ -3,11 +3,11 @@
 `tfdist.config.merge` gives a dict (`cfg["epochs"]`: recipes and user code
 keep reading it that way); `Settings.of(cfg)` reads it once into frozen
 dataclasses the run pipeline reads by attribute. Each framework option
-belongs to exactly one section (tests/test_settings.py), the options that
-strategy adapters accept go to `tfdist.strategies.StrategyOptions` (built by
-`_adapter_options`, the adapters' own section), a recipe's own
-options stay in `recipe`, and registered instruments' (`tfdist.instruments`)
-in `instruments`. Pure Python, no TensorFlow.
+belongs to exactly one section (tests/test_settings.py): the strategy
+adapters' options to `tfdist.strategies.StrategyOptions` (their own section,
+whose fields declare them, under the same names), a recipe's own options stay
+in `recipe`, and registered instruments' (`tfdist.instruments`) in
+`instruments`. Pure Python, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -113,12 +113,13 @@ class Settings:
             KeyError: naming a framework option `cfg` lacks.
         """
         extra = instruments.options()
-        known = {"strategy", *strategies.OPTION_FIELDS, *section_keys(), *extra}
+        known = {"strategy", *strategies.ADAPTER_OPTIONS, *section_keys(), *extra}
         return cls(
             strategy=cfg["strategy"],
             **{name: section(**{f.name: cfg[f.name] for f in dataclasses.fields(section)})
                for name, section in _SECTIONS.items()},
-            adapter=_adapter_options(cfg),
+            adapter=strategies.StrategyOptions(
+                **{k: cfg[k] for k in strategies.ADAPTER_OPTIONS}),
             recipe={k: v for k, v in cfg.items() if k not in known},
             instruments=instruments.section({k: v for k, v in cfg.items() if k in extra}))
 
@@ -134,19 +135,11 @@ class Settings:
         for name, section in _SECTIONS.items():
             if key in {f.name for f in dataclasses.fields(section)}:
                 return getattr(getattr(self, name), key)
-        if key in strategies.OPTION_FIELDS:
-            value = getattr(self.adapter, strategies.OPTION_FIELDS[key])
-            return value or 0 if key == "devices" else value  # StrategyOptions: None for all
+        if key in strategies.ADAPTER_OPTIONS:
+            return getattr(self.adapter, key)
         if hasattr(self.instruments, key):
             return getattr(self.instruments, key)
         return self.recipe[key]
-
-
-def _adapter_options(cfg: Mapping[str, Any]) -> strategies.StrategyOptions:
-    """Pure function: the adapters' section of a merged configuration (devices 0: None)."""
-    values = {field: cfg[key] for key, field in strategies.OPTION_FIELDS.items()}
-    values["devices"] = values["devices"] or None
-    return strategies.StrategyOptions(**values)
 
 
 def section_keys() -> list[str]:

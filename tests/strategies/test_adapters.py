@@ -35,7 +35,7 @@ def _tf_config(workers, index=0, **jobs):
 # The run pipeline: the modules that set up, train and finish a run. The CLI
 # (tfdist/train.py) lists launch commands in its docstring and is not one of them.
 PIPELINE = ["tfdist/run/trainer.py", "tfdist/run/loop.py", "tfdist/settings.py", "tfdist/run/types.py",
-            "tfdist/run/run_dir.py",
+            "tfdist/run/run_dir.py", "tfdist/run/coordinator.py",
             "tfdist/callbacks.py", "tfdist/checkpoint.py",
             "tfdist/writer.py", "tfdist/model_dir.py"]
 
@@ -105,6 +105,26 @@ def test_auto_is_one_choice_checked_for_every_candidate_before_tensorflow():
     ps_choice = strategies.choose("auto", ps, None)
     assert ps_choice.names == {"parameter_server"} and ps_choice.loop == "coordinator"
     assert not ps_choice.candidates[0].runs_loop(ps)  # a worker serves
+
+
+def test_the_adapter_says_which_tasks_run_the_loop_and_what_the_others_do():
+    """The coordinator loop asks the adapter (`runs_loop`, `serve`), not the task type."""
+    import dataclasses
+
+    spec = {"chief": ["c:1"], "worker": ["a:1"], "ps": ["p:1"]}
+
+    def task(kind):
+        return detect({"TF_CONFIG": json.dumps({"cluster": spec,
+                                                "task": {"type": kind, "index": 0}})})
+
+    ps = strategies.REGISTRY["parameter_server"]
+    assert [ps.runs_loop(task(k)) for k in ("chief", "worker", "ps")] == [True, False, False]
+    other = dataclasses.replace(task("worker"), task_type="other")  # detect() refuses one
+    with pytest.raises(ClusterError, match="task type 'other' has no role in "
+                                           "parameter-server training; valid: chief, worker, ps"):
+        ps(other).serve()
+    with pytest.raises(NotImplementedError, match="--strategy single runs its loop on every"):
+        strategies.REGISTRY["single"](LOCAL).serve()
 
 
 def _cfg(*argv):

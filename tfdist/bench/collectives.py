@@ -136,8 +136,8 @@ def _worker() -> None:
 
     configure_runtime(intra_op_threads=1)
     cluster = detect()
-    strategy = build_strategy("multi_worker", cluster, StrategyOptions(collective="ring",
-                                                                     timeout_s=60))
+    strategy = build_strategy("multi_worker", cluster,
+                              StrategyOptions(collective="ring", collective_timeout_s=60))
     n, rank = cluster.num_workers, cluster.worker_index
     device = strategy.extended.worker_devices[0]
     before = inputs(rank, n)

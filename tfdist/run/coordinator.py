@@ -8,10 +8,14 @@ schedules steps with `ClusterCoordinator.schedule`: each step runs on
 whichever worker is free, reads the current weights from the ps, and applies
 its gradients there without waiting for the others (asynchronous SGD).
 
+The strategy comes from `tfdist.distributed.build`, as the fit loop's and an
+own script's do; the adapter that declares this loop (`Adapter.loop`) also
+says which tasks run it (`runs_loop`) and what the others do (`serve`).
+
 Failures: ClusterCoordinator re-queues a step whose worker died and runs it on
 another worker; the job goes on without the dead one (a worker whose host
-vanished without a TCP reset is noticed by gRPC keepalive pings,
-`tfdist.compat.grpc_keepalive`). A lost ps holds part of
+vanished without a TCP reset is noticed by gRPC keepalive pings, which the
+adapter's build turns on: `tfdist.compat.grpc_keepalive`). A lost ps holds part of
 the model, so it ends the job here with a ClusterError; the chief backs up the
 variables (read from the ps) at every epoch end through the shared
 `BackupStore`, and a rerun resumes from the newest backup (weights and
@@ -24,15 +28,13 @@ from __future__ import annotations
 import re
 import time
 
-from tfdist import callbacks, data, strategies
+from tfdist import callbacks, data
 from tfdist import recipe as recipe_lib
 from tfdist.checkpoint import BackupStore, TrainState
-from tfdist.writer import ChiefWriter
-from tfdist.compat import grpc_keepalive
 from tfdist.errors import ClusterError
 from tfdist.run import loop, run_dir
 from tfdist.ps.net import reachable
-from tfdist.run.types import Result, check_free_space, model_dir_for
+from tfdist.run.types import Result, check_free_space
 
 
 def _log(message: str) -> None:
@@ -54,236 +56,282 @@ def _is_ps_error(error) -> bool:
     return "/job:ps" in str(error) or type(error).__name__ == "PSUnavailableError"
 
 
-def train(recipe, cfg: dict, cluster, writer=None, settings=None):
-    """Trains `recipe` asynchronously from the chief of a PS cluster.
+class CoordinatorRun:
+    """One parameter-server run on the chief, in the order TensorFlow needs: `set_up`
+    (runtime, strategy, data size), `build` (model, optimizer, every variable on the ps
+    tasks), `resume`, `train_epochs` (steps scheduled on the workers), `finish`.
 
-    Args:
-        recipe: A loaded recipe (build_model, build_dataset, compile_kwargs).
-        cfg: The merged configuration.
-        cluster: ClusterInfo of the chief.
-        writer: The run's ChiefWriter (default: one for `model_dir_for(cfg, ...)`).
-        settings: `cfg` as typed sections (read from `cfg` when None); `cfg`
-            itself goes to the recipe's functions and the backup's record.
-
-    Returns:
-        A `tfdist.run.types.Result`; the chief also writes MODEL_DIR/model.keras
-        and MODEL_DIR/metrics.json.
-
-    Raises:
-        ClusterError: when a parameter server is lost.
+    `cfg` goes to the recipe's functions and the backup's record; everything else
+    reads `settings`. The run pipeline has checked the cluster and the options
+    (the adapter's `check_config`).
     """
-    import keras
-    import tensorflow as tf
 
-    from tfdist import instruments
+    def __init__(self, run: loop.Run):
+        from tfdist import instruments
 
-    from tfdist.settings import Settings
+        self.recipe, self.cfg, self.cluster = run.recipe, run.cfg, run.cluster
+        self.writer, self.settings = run.writer, run.settings
+        self.opts = run.settings.instruments
+        self.extra = instruments.active(self.opts)  # e.g. the benchmarks' slow worker
+        self.spec = run.cluster.tf_config["cluster"]
+        self.workers = self.spec["worker"]
 
-    settings = settings or Settings.of(cfg)
-    training, optim_, backup_s = settings.training, settings.optimization, settings.backup
-    opts = settings.instruments
-    extra = instruments.active(opts)  # e.g. the benchmarks' slow worker
-    loop.set_up(settings)  # as the fit loop; float16 losses are scaled in `step` below
-    spec = cluster.tf_config["cluster"]
-    workers = spec["worker"]
-    # Before the strategy opens channels to the tasks: a worker whose host
-    # vanishes must fail its pending step, not hold it for ~15 minutes.
-    grpc_keepalive.apply()
-    options = settings.adapter
-    strategy = strategies.build_strategy("parameter_server", cluster, options)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    def train(self) -> Result:
+        """Every step; returns the Result (the chief also writes the model dir)."""
+        self.set_up()
+        self.build()
+        self.resume()
+        self.train_epochs()
+        return self.finish()
 
-    gbs = training.global_batch_size
-    lr = data.scale_learning_rate(optim_.learning_rate, gbs, optim_.base_batch_size or gbs,
-                                  optim_.lr_scaling)
-    train_source = recipe_lib.build_dataset(recipe, cfg, "train")
-    train_unbatched = data.as_source(train_source).dataset
-    num_examples = data.count_elements(train_unbatched)
-    steps_per_epoch = training.steps_per_epoch or max(1, num_examples // gbs)
-    _log(loop.run_line({
-        "recipe": recipe.RECIPE_NAME, "strategy": "parameter_server", "workers": len(workers),
-        "ps": len(spec["ps"]), "batch_per_step": gbs, "steps_per_epoch": steps_per_epoch,
-        "learning_rate": lr, "precision": optim_.precision, "ps_shards": options.ps_shards,
-        **{k: v for i in extra for k, v in i.line_fields(opts).items()}}))
+    def set_up(self) -> None:
+        """The runtime (before any op), the strategy and its coordinator, the learning
+        rate and the steps per epoch; logs the run line."""
+        import tensorflow as tf
 
-    compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
-    with strategy.scope():
-        model = recipe_lib.build_model(recipe, cfg)
-        optimizer = recipe_lib.build_optimizer(recipe, cfg, lr, settings.optimization)
-        model.compile(optimizer=optimizer, loss=compile_kwargs.get("loss"))
-        # Create every variable (weights, optimizer slots, loss state) here, eagerly:
-        # scheduled functions run on workers and may not create variables.
-        x0, y0, w0 = keras.utils.unpack_x_y_sample_weight(
-            next(iter(train_unbatched.batch(2))))
-        model.compute_loss(x=x0, y=y0, y_pred=model(x0, training=False), sample_weight=w0,
-                           training=False)
-        optimizer.build(model.trainable_variables)
+        from tfdist import distributed
+        from tfdist.strategies.devices import gpu_count
 
-    shuffle_buffer, seed, num_workers = training.shuffle_buffer, training.seed, len(workers)
+        settings, cluster = self.settings, self.cluster
+        training, optim_ = settings.training, settings.optimization
+        loop.set_up(settings)  # as the fit loop; float16 losses are scaled in the step
+        # The set-up the fit loop and an own script's tfdist.setup() get: the adapter
+        # resolved, its strategy built (with the adapter's upstream fixes applied first).
+        self.dist = distributed.build(settings.strategy, cluster, settings.adapter,
+                                      gpu_count(), say=_log)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.dist.strategy)
+        self.gbs = gbs = training.global_batch_size
+        self.lr = data.scale_learning_rate(optim_.learning_rate, gbs,
+                                           optim_.base_batch_size or gbs, optim_.lr_scaling)
+        self.train_unbatched = data.as_source(
+            recipe_lib.build_dataset(self.recipe, self.cfg, "train")).dataset
+        num_examples = data.count_elements(self.train_unbatched)
+        self.steps_per_epoch = training.steps_per_epoch or max(1, num_examples // gbs)
+        _log(loop.run_line({
+            "recipe": self.recipe.RECIPE_NAME, "strategy": self.dist.name,
+            "workers": len(self.workers), "ps": len(self.spec["ps"]), "batch_per_step": gbs,
+            "steps_per_epoch": self.steps_per_epoch, "learning_rate": self.lr,
+            "precision": optim_.precision, "ps_shards": settings.adapter.ps_shards,
+            **{k: v for i in self.extra for k, v in i.line_fields(self.opts).items()}}))
 
-    writer = writer or ChiefWriter(model_dir_for(cfg, recipe.RECIPE_NAME, cluster),
-                                   cluster.is_chief)
-    model_dir = writer.model_dir
-    check_free_space(model_dir, cluster, model, optimizer)
-    store = BackupStore(writer, keep=backup_s.keep)
-    meta = {"recipe": recipe.RECIPE_NAME, "num_replicas": len(workers), "global_batch_size": gbs,
-            "config": run_dir.run_config(cfg), "epochs": training.epochs}  # for reruns
-    # Assignments inside the scope go to the ps tasks.
-    restored, latest = store.resume(backup_s.resume, meta, model.variables, optimizer.variables,
-                                    strategy.scope)
-    state = restored or TrainState(history={"loss": []})
-    if restored:
-        _log(f"resumed from {latest}: epoch {state.epoch} (global step {state.global_step})")
-    elif latest:
-        _log(f"--no-resume: removed old backups in {store.directory}")
+    def build(self) -> None:
+        """The model and optimizer under the strategy, every variable created on the ps."""
+        import keras
 
-    def dataset_fn(_input_context):
-        source = recipe_lib.build_dataset(recipe, cfg, "train")
-        ds = data.as_source(source).dataset
-        # Disjoint shards: without this every worker would read the same examples.
-        index = tf.distribute.coordinator.experimental_get_current_worker_index()
-        ds = ds.shard(num_workers, index)
-        if shuffle_buffer > 0:
-            ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        return ds.repeat().batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        recipe, cfg = self.recipe, self.cfg
+        self.compile_kwargs = recipe_lib.compile_kwargs(recipe, cfg)
+        with self.dist.scope():
+            model = recipe_lib.build_model(recipe, cfg)
+            optimizer = recipe_lib.build_optimizer(recipe, cfg, self.lr,
+                                                   self.settings.optimization)
+            model.compile(optimizer=optimizer, loss=self.compile_kwargs.get("loss"))
+            # Every variable (weights, optimizer slots, loss state) is created here,
+            # eagerly: scheduled functions run on workers and may not create variables.
+            x0, y0, w0 = keras.utils.unpack_x_y_sample_weight(
+                next(iter(self.train_unbatched.batch(2))))
+            model.compute_loss(x=x0, y=y0, y_pred=model(x0, training=False), sample_weight=w0,
+                               training=False)
+            optimizer.build(model.trainable_variables)
+        self.model, self.optimizer = model, optimizer
+        check_free_space(self.writer.model_dir, self.cluster, model, optimizer)
 
-    @tf.function
-    def per_worker_dataset_fn():
-        return strategy.distribute_datasets_from_function(dataset_fn)
+    def resume(self) -> None:
+        """The newest backup's weights and optimizer state, assigned on the ps tasks."""
+        training, backup_s = self.settings.training, self.settings.backup
+        self.store = store = BackupStore(self.writer, keep=backup_s.keep)
+        self.meta = {"recipe": self.recipe.RECIPE_NAME, "num_replicas": len(self.workers),
+                     "global_batch_size": self.gbs, "config": run_dir.run_config(self.cfg),
+                     "epochs": training.epochs}  # for reruns
+        # Assignments inside the scope go to the ps tasks.
+        restored, latest = store.resume(backup_s.resume, self.meta, self.model.variables,
+                                        self.optimizer.variables, self.dist.scope)
+        self.state = restored or TrainState(history={"loss": []})
+        if restored:
+            _log(f"resumed from {latest}: epoch {self.state.epoch} (global step "
+                 f"{self.state.global_step})")
+        elif latest:
+            _log(f"--no-resume: removed old backups in {store.directory}")
 
-    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    def _per_worker_iterator(self):
+        """Each worker's own shard of the training data, repeated and batched."""
+        import tensorflow as tf
 
-    @tf.function
-    def step(iterator):
-        index = tf.distribute.coordinator.experimental_get_current_worker_index()
-        deps = [op for i in extra for op in i.step_deps(opts, index)]
+        recipe, cfg, strategy = self.recipe, self.cfg, self.dist.strategy
+        training, gbs, num_workers = self.settings.training, self.gbs, len(self.workers)
+        shuffle_buffer, seed = training.shuffle_buffer, training.seed
 
-        def replica_fn(batch):
-            # (x, y) or (x, y, sample_weight), as Keras fit takes them (a recipe may
-            # weight its examples, e.g. numbers_to_words masks its padding).
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                          training=True)
-                # Scaled under mixed_float16 (a LossScaleOptimizer), which apply() unscales.
-                scaled = model.optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            model.optimizer.apply(grads, model.trainable_variables)
-            return loss
+        def dataset_fn(_input_context):
+            ds = data.as_source(recipe_lib.build_dataset(recipe, cfg, "train")).dataset
+            # Disjoint shards: without this every worker would read the same examples.
+            index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            ds = ds.shard(num_workers, index)
+            if shuffle_buffer > 0:
+                ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+            return ds.repeat().batch(gbs, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-        with tf.control_dependencies(deps):  # a straggler sleeps first, as a slow machine
-            batch = next(iterator)
-        loss = strategy.run(replica_fn, args=(batch,))
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
+        @tf.function
+        def per_worker_dataset_fn():
+            return strategy.distribute_datasets_from_function(dataset_fn)
 
-    # Keras's TensorBoard callback, driven by this loop as fit drives it (chief only).
-    tensorboard = callbacks.make_tensorboard(writer) if settings.logs.tensorboard else None
-    if tensorboard is not None:
-        tensorboard.set_model(model)
-        tensorboard.on_train_begin()
-    # The same chief-only history.csv the fit loop writes, rewritten each epoch.
-    csv_log = callbacks.make_csv_logger(writer, state) if settings.logs.csv_log else None
-    history = state.history
-    steps_per_worker = [0] * num_workers
-    lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
-    start = time.perf_counter()
-    try:
-        for epoch in range(state.epoch, training.epochs):
-            results = [coordinator.schedule(step, args=(iterator,))
-                       for _ in range(steps_per_epoch)]
-            coordinator.join()
-            fetched = coordinator.fetch(results)
-            losses = [float(loss) for loss, _ in fetched]
-            for _, index in fetched:
-                steps_per_worker[int(index)] += 1
-            history["loss"].append(sum(losses) / len(losses))
-            for i, address in enumerate(workers):
-                if i not in lost and not reachable(address):
-                    lost[i] = epoch
-                    _log(f"worker {i} at {address} is unreachable; the coordinator re-runs "
-                         "its steps on the other workers and training goes on")
-            _log(f"epoch {epoch + 1}/{training.epochs} loss={history['loss'][-1]:.4f} "
-                 f"steps_per_worker={steps_per_worker} lost_workers={sorted(lost)}")
-            state.epoch, state.global_step = epoch + 1, state.global_step + steps_per_epoch
-            if tensorboard is not None:
-                tensorboard.on_epoch_end(epoch, {"loss": history["loss"][-1]})
-            if csv_log is not None:
-                csv_log.on_epoch_end(epoch, {"loss": history["loss"][-1]})
-            store.save(state, model.variables, optimizer.variables, meta)
-    except (tf.errors.OpError, ClusterError) as e:
-        if _is_ps_error(e):
-            raise _lost_ps_error(e, spec) from None
-        raise
-    finally:
+        return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+    def _step(self):
+        """The step each worker runs: its batch, its gradients applied on the ps at once."""
+        import keras
+        import tensorflow as tf
+
+        model, strategy, extra, opts = self.model, self.dist.strategy, self.extra, self.opts
+
+        @tf.function
+        def step(iterator):
+            index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            deps = [op for i in extra for op in i.step_deps(opts, index)]
+
+            def replica_fn(batch):
+                # (x, y) or (x, y, sample_weight), as Keras fit takes them (a recipe may
+                # weight its examples, e.g. numbers_to_words masks its padding).
+                x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+                with tf.GradientTape() as tape:
+                    y_pred = model(x, training=True)
+                    loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
+                                              sample_weight=sample_weight, training=True)
+                    # Scaled under mixed_float16 (a LossScaleOptimizer), which apply() unscales.
+                    scaled = model.optimizer.scale_loss(loss)
+                grads = tape.gradient(scaled, model.trainable_variables)
+                model.optimizer.apply(grads, model.trainable_variables)
+                return loss
+
+            with tf.control_dependencies(deps):  # a straggler sleeps first, as a slow machine
+                batch = next(iterator)
+            loss = strategy.run(replica_fn, args=(batch,))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None), index
+
+        return step
+
+    def train_epochs(self) -> None:
+        """Each epoch's steps scheduled on whichever worker is free, then a backup; a lost
+        worker is noted and its steps re-run elsewhere, a lost ps ends the job (named)."""
+        import tensorflow as tf
+
+        settings, coordinator, state = self.settings, self.coordinator, self.state
+        epochs, workers, writer = settings.training.epochs, self.workers, self.writer
+        iterator, step = self._per_worker_iterator(), self._step()
+        # Keras's TensorBoard callback, driven by this loop as fit drives it (chief only).
+        tensorboard = callbacks.make_tensorboard(writer) if settings.logs.tensorboard else None
         if tensorboard is not None:
-            tensorboard.on_train_end()  # closes its event files
-    wall = time.perf_counter() - start
+            tensorboard.set_model(self.model)
+            tensorboard.on_train_begin()
+        # The same chief-only history.csv the fit loop writes, rewritten each epoch.
+        csv_log = callbacks.make_csv_logger(writer, state) if settings.logs.csv_log else None
+        history = state.history
+        self.steps_per_worker = [0] * len(workers)
+        self.lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
+        start = time.perf_counter()
+        try:
+            for epoch in range(state.epoch, epochs):
+                results = [coordinator.schedule(step, args=(iterator,))
+                           for _ in range(self.steps_per_epoch)]
+                coordinator.join()
+                fetched = coordinator.fetch(results)
+                losses = [float(loss) for loss, _ in fetched]
+                for _, index in fetched:
+                    self.steps_per_worker[int(index)] += 1
+                history["loss"].append(sum(losses) / len(losses))
+                self._note_lost_workers(epoch)
+                _log(f"epoch {epoch + 1}/{epochs} loss={history['loss'][-1]:.4f} "
+                     f"steps_per_worker={self.steps_per_worker} lost_workers={sorted(self.lost)}")
+                state.epoch = epoch + 1
+                state.global_step = state.global_step + self.steps_per_epoch
+                if tensorboard is not None:
+                    tensorboard.on_epoch_end(epoch, {"loss": history["loss"][-1]})
+                if csv_log is not None:
+                    csv_log.on_epoch_end(epoch, {"loss": history["loss"][-1]})
+                self.store.save(state, self.model.variables, self.optimizer.variables,
+                                self.meta)
+        except (tf.errors.OpError, ClusterError) as e:
+            if _is_ps_error(e):
+                raise _lost_ps_error(e, self.spec) from None
+            raise
+        finally:
+            if tensorboard is not None:
+                tensorboard.on_train_end()  # closes its event files
+        self.wall = time.perf_counter() - start
 
-    # Gather the trained weights from the ps into an ordinary Keras model: it
-    # evaluates on the chief and saves as a model any strategy can load.
-    local = recipe_lib.build_model(recipe, cfg)
-    local.set_weights([w.numpy() if hasattr(w, "numpy") else w for w in model.get_weights()])
-    local.compile(**compile_kwargs)
-    test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), gbs, training=False)
-    total_steps = sum(steps_per_worker)  # this run's steps (a resumed run did fewer)
-    metrics = {
-        "recipe": recipe.RECIPE_NAME,
-        "strategy": "parameter_server",
-        "num_workers": num_workers,
-        "num_ps": len(spec["ps"]),
-        "ps_shards": options.ps_shards,
-        "precision": optim_.precision,
-        "global_batch_size": gbs,
-        "learning_rate": lr,
-        "epochs": training.epochs,
-        "steps": total_steps,
-        "global_step": state.global_step,
-        "steps_per_worker": steps_per_worker,
-        "lost_workers": [{"worker": i, "address": workers[i], "found_in_epoch": e + 1}
-                         for i, e in sorted(lost.items())],
-        **{k: v for i in extra for k, v in i.describe(opts).items()},
-        "history": history,
-        "wall_time_s": wall,
-        "examples_per_s": total_steps * gbs / wall if wall > 0 else 0.0,
-    }
-    if lost:
-        _log(f"finished without lost worker(s) {sorted(lost)}: "
-             + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(lost)))
-    metrics = loop.finish(local, test_ds, metrics, writer, cluster, recipe, cfg)
-    return Result(model=local, metrics=metrics, strategy=strategy, cluster=cluster)
+    def _note_lost_workers(self, epoch: int) -> None:
+        """Logs each worker first found unreachable in `epoch` (training goes on)."""
+        for i, address in enumerate(self.workers):
+            if i not in self.lost and not reachable(address):
+                self.lost[i] = epoch
+                _log(f"worker {i} at {address} is unreachable; the coordinator re-runs "
+                     "its steps on the other workers and training goes on")
+
+    def finish(self) -> Result:
+        """The trained weights gathered from the ps into an ordinary Keras model, which
+        evaluates on the chief and saves as a model any strategy can load; metrics.json."""
+        recipe, cfg, workers, state, wall = (self.recipe, self.cfg, self.workers, self.state,
+                                             self.wall)
+        training, optim_ = self.settings.training, self.settings.optimization
+        local = recipe_lib.build_model(recipe, cfg)
+        local.set_weights([w.numpy() if hasattr(w, "numpy") else w
+                           for w in self.model.get_weights()])
+        local.compile(**self.compile_kwargs)
+        test_ds = data.prepare(recipe_lib.build_dataset(recipe, cfg, "test"), self.gbs,
+                               training=False)
+        total_steps = sum(self.steps_per_worker)  # this run's steps (a resumed run did fewer)
+        metrics = {
+            "recipe": recipe.RECIPE_NAME,
+            "strategy": self.dist.name,
+            "num_workers": len(workers),
+            "num_ps": len(self.spec["ps"]),
+            "ps_shards": self.settings.adapter.ps_shards,
+            "precision": optim_.precision,
+            "global_batch_size": self.gbs,
+            "learning_rate": self.lr,
+            "epochs": training.epochs,
+            "steps": total_steps,
+            "global_step": state.global_step,
+            "steps_per_worker": self.steps_per_worker,
+            "lost_workers": [{"worker": i, "address": workers[i], "found_in_epoch": e + 1}
+                             for i, e in sorted(self.lost.items())],
+            **{k: v for i in self.extra for k, v in i.describe(self.opts).items()},
+            "history": state.history,
+            "wall_time_s": wall,
+            "examples_per_s": total_steps * self.gbs / wall if wall > 0 else 0.0,
+        }
+        if self.lost:
+            _log(f"finished without lost worker(s) {sorted(self.lost)}: "
+                 + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(self.lost)))
+        metrics = loop.finish(local, test_ds, metrics, self.writer, self.cluster, recipe, cfg)
+        return Result(model=local, metrics=metrics, strategy=self.dist.strategy,
+                      cluster=self.cluster)
 
 
 class CoordinatorLoop(loop.Loop):
-    """The parameter-server loop: the chief coordinates, workers and ps tasks serve.
+    """The chief schedules steps on workers (`CoordinatorRun`); the tasks that do not
+    run the loop (the adapter's `runs_loop`) serve (the adapter's `serve`).
 
-    The run pipeline has checked the cluster and the options
-    (`tfdist.strategies.parameter_server.ParameterServer.check_config`).
+    The run pipeline has checked the cluster and the options (the adapter's
+    `check_config`).
     """
 
     kind = "coordinator"
 
     def run(self, run: loop.Run):
-        """Runs this process's part of a parameter-server job.
+        """Runs this process's part of the job.
 
         Returns:
-            A `tfdist.run.types.Result`; on workers and ps tasks its model is None
-            (they return only when their chief has gone).
+            A `tfdist.run.types.Result` on the chief; the other tasks serve until their
+            chief has gone.
         """
         from tfdist import instruments
 
-        cfg, cluster = run.cfg, run.cluster
-        recipe_lib.check_hooks_for_own_loop(run.recipe, "parameter_server")
-        num_workers = len(cluster.tf_config["cluster"]["worker"])
+        adapter = run.choice.candidates[0]
+        recipe_lib.check_hooks_for_own_loop(run.recipe, adapter.name)
+        num_workers = len(run.cluster.tf_config["cluster"]["worker"])
         opts = run.settings.instruments
-        for instrument in instruments.active(opts):  # counted among the PS job's workers
+        for instrument in instruments.active(opts):  # counted among the job's workers
             instrument.check(opts, num_workers)
+        if not adapter.runs_loop(run.cluster):
+            return loop.serve(run)
         loop.start_tensorflow(run.settings)
-        if cluster.task_type in ("worker", "ps"):
-            from tfdist.ps import server
-
-            return server.serve(cluster, run.settings.runtime.threads)
-        if cluster.task_type != "chief":
-            raise ClusterError(f"task type {cluster.task_type!r} has no role in "
-                               "parameter-server training; valid: chief, worker, ps.")
-        return train(run.recipe, cfg, cluster, run.writer, run.settings)
+        return CoordinatorRun(run).train()

@@ -1,14 +1,16 @@
 """The run pipeline's loop interface and the steps every loop shares.
 
-A strategy adapter declares its loop kind (`Adapter.loop`); the run pipeline
+A strategy adapter declares its loop kind (`Adapter.loop`) and which tasks run
+it (`Adapter.runs_loop`; the others `serve`); the run pipeline
 (`tfdist.run.trainer.train`) checks, inspects and claims the model dir, then
 hands a `Run` to the `Loop` of that kind: Keras `fit` on every training
-process (`tfdist.run.trainer.FitLoop`) or the parameter-server coordinator
-(`tfdist.run.coordinator.CoordinatorLoop`). Both start TensorFlow, set up the runtime, log
-their run line and finish through the same functions here, so every strategy
-gets the same threads, determinism, seed, precision, evaluation, metrics.json
-and chief-only model save. Imports neither loop (no import circle); no
-TensorFlow at module level.
+process (`tfdist.run.trainer.FitLoop`), the chief driving stages that serve
+(`tfdist.run.trainer.StageLoop`) or the chief scheduling steps on workers that
+serve (`tfdist.run.coordinator.CoordinatorLoop`). They start TensorFlow, set up
+the runtime, serve, log their run line and finish through the same functions
+here, so every strategy gets the same threads, determinism, seed, precision,
+evaluation, metrics.json and chief-only model save. Imports no loop (no import
+circle); no TensorFlow at module level.
 """
 
 from __future__ import annotations
@@ -88,6 +90,14 @@ def start_tensorflow(settings):
     console = cluster_lib.detect_console()
     import_tensorflow(show_logs=settings.logs.tf_logs or console.tf_logs)
     return console
+
+
+def serve(run: Run):
+    """This process's part where its adapter does not run the loop (`runs_loop` False):
+    TensorFlow started, the adapter serves (its `serve`) until the chief has ended."""
+    start_tensorflow(run.settings)
+    adapter = run.choice.candidates[0]
+    return adapter(run.cluster, run.settings.adapter).serve(run.settings.runtime.threads)
 
 
 def set_up(settings, cpu_devices: int | None = None) -> None:

@@ -289,11 +289,9 @@ class StageLoop(loop_lib.Loop):
     kind = "stages"
 
     def run(self, run: loop_lib.Run) -> Result:
-        adapter = run.choice.candidates[0]
-        if adapter.runs_loop(run.cluster):
+        if run.choice.candidates[0].runs_loop(run.cluster):
             return FitLoop().run(run)
-        loop_lib.start_tensorflow(run.settings)
-        return adapter(run.cluster, run.settings.adapter).serve(run.settings.runtime.threads)
+        return loop_lib.serve(run)
 
 
 # The loop each adapter's `loop` kind names.
@@ -330,12 +328,10 @@ class FitRun:
 
         from tfdist import distributed
         from tfdist.compat.tf_startup_logs import hide_float16_notice
-        from tfdist.strategies.devices import gpu_count
+        from tfdist.strategies.devices import cpu_split, gpu_count
 
         options, optim_ = settings.adapter, settings.optimization
-        split = options.devices if options.devices and options.devices > 1 and gpu_count() == 0 \
-            else None
-        loop_lib.set_up(settings, cpu_devices=split)
+        loop_lib.set_up(settings, cpu_devices=cpu_split(options.devices))
         # The set-up an own script's tfdist.setup() gets: adapter, strategy, hooks.
         self.dist = dist = distributed.build(
             settings.strategy, cluster, options, gpu_count(),

@@ -14,7 +14,7 @@ one never imports the others' dependencies.
 from __future__ import annotations
 
 # The package's parts, one job each; their names are the package's API.
-from tfdist.strategies.options import OPTION_FIELDS, StrategyOptions, adapter_default
+from tfdist.strategies.options import ADAPTER_OPTIONS, StrategyOptions
 from tfdist.strategies.hooks import Hooks, ProcessReplicaHooks
 from tfdist.strategies.adapter import (ALIASES, REGISTRY, Adapter, has_ps_tasks, register,
                                        together_names)
@@ -23,9 +23,9 @@ from tfdist.strategies.registry import (Choice, accepting, adapter_class, build,
                                         possible_names, refusal, refused_by, resolve_name,
                                         valid_names)
 
-__all__ = ["ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks", "ProcessReplicaHooks",
-           "StrategyOptions", "accepting", "adapter_default", "adapter_class", "build", "build_hooks",
-           "build_strategy", "OPTION_FIELDS", "check_available", "check_name", "choose",
+__all__ = ["ADAPTER_OPTIONS", "ALIASES", "Adapter", "Choice", "REGISTRY", "Hooks",
+           "ProcessReplicaHooks", "StrategyOptions", "accepting", "adapter_class", "build",
+           "build_hooks", "build_strategy", "check_available", "check_name", "choose",
            "has_ps_tasks", "together_names",
            "possible_names", "refusal", "refused_by", "register", "resolve_name", "valid_names"]
 

@@ -23,8 +23,12 @@ class Adapter:
 
     Attributes:
         name: The `--strategy` name.
-        loop: "fit" (Keras `fit` on every training process) or "coordinator"
-            (the chief schedules steps on workers; `tfdist.ps`).
+        loop: The loop kind that trains (the run pipeline's `tfdist.run.trainer.LOOPS`
+            holds one per kind): "fit" (Keras `fit` on every training process),
+            "stages" (the chief drives a model cut into stages; other stage tasks
+            serve theirs) or "coordinator" (the chief schedules steps on workers
+            that serve, the variables on ps tasks). Which processes run it is
+            `runs_loop`; the others `serve`.
         accepts: Strategy-specific options this adapter accepts (keys of
             `tfdist.config.OPTIONS`); an option some adapter lists applies
             only to the adapters that list it.
@@ -118,8 +122,18 @@ class Adapter:
 
     @classmethod
     def runs_loop(cls, cluster) -> bool:
-        """Whether this process runs the training loop (and owns the run dir's reads)."""
+        """Whether this process runs the training loop (and owns the run dir's reads);
+        one that does not `serve`s."""
         return True
+
+    def serve(self, threads: int = 0):
+        """This process's part where it does not run the loop (`runs_loop` False): serve
+        the chief until it has ended, after TensorFlow started (never returns).
+
+        Args:
+            threads: Intra-op threads (0: TensorFlow's default).
+        """
+        raise NotImplementedError(f"--strategy {self.name} runs its loop on every process")
 
     def startup_note(self) -> str | None:
         """A line to print before `build` blocks (waiting for peers), or None.

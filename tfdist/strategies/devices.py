@@ -38,6 +38,12 @@ def configure_runtime(cpu_devices: int | None = None, intra_op_threads: int | No
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
 
 
+def cpu_split(devices: int) -> int | None:
+    """The logical CPU devices `--devices` asks for (`configure_runtime`'s `cpu_devices`):
+    `devices` when more than one and there is no GPU, else None (no split)."""
+    return devices if devices > 1 and gpu_count() == 0 else None
+
+
 def gpu_count() -> int:
     """Number of physical GPUs, without starting the runtime."""
     import tensorflow as tf
@@ -46,7 +52,8 @@ def gpu_count() -> int:
 
 
 def local_devices(count: int | None) -> list[str]:
-    """Device names for `count` local replicas: GPUs if present, else logical CPUs.
+    """Device names for `count` local replicas (0 or None: all): GPUs if present, else
+    logical CPUs.
 
     Raises:
         ConfigError: when more devices are asked for than exist.
@@ -55,7 +62,7 @@ def local_devices(count: int | None) -> list[str]:
 
     gpus = tf.config.list_logical_devices("GPU")
     pool = gpus or tf.config.list_logical_devices("CPU")
-    count = len(pool) if count is None else count
+    count = count or len(pool)
     if count > len(pool):
         kind = "GPU" if gpus else "logical CPU"
         raise ConfigError(f"devices={count} but this machine has {len(pool)} {kind} device(s): "

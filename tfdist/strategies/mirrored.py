@@ -7,7 +7,7 @@ from tfdist.strategies.devices import local_devices
 
 
 def build(cluster, options):
-    """MirroredStrategy over `options.devices` local devices (all when None).
+    """MirroredStrategy over `options.devices` local devices (all when 0).
 
     On a CPU-only machine the devices are the logical CPUs made by
     `configure_runtime(cpu_devices=N)`, so replication is real and testable.
@@ -33,7 +33,7 @@ class Mirrored(Adapter):
     @classmethod
     def check_config(cls, settings, cluster):
         super().check_config(settings, cluster)
-        devices = settings.adapter.devices or 0
+        devices = settings.adapter.devices
         if devices > 1:  # the replica count is known before TensorFlow (CPU layouts)
             from tfdist import data
 

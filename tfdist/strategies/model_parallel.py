@@ -89,7 +89,7 @@ class ModelParallel(Adapter):
 
         options = settings.adapter
         plan.microbatch_size(settings.training.global_batch_size, options.microbatches)
-        plan.check_tensor_parallel(options.devices or 0, options.tensor_parallel,
+        plan.check_tensor_parallel(options.devices, options.tensor_parallel,
                                    bool(options.placement))
         if options.placement:
             plan.parse_placement(options.placement)

@@ -24,8 +24,7 @@ from tfdist import buckets
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
 from tfdist.ps.net import reachable
 from tfdist.strategies import Adapter, register
-
-IMPLEMENTATIONS = ("auto", "ring", "nccl")
+from tfdist.strategies.options import IMPLEMENTATIONS
 
 
 def communication_options(collective: str, timeout_s: float | None, bucket_mb: float = 0.0):
@@ -167,7 +166,7 @@ def build(cluster, options):
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver,
             communication_options=communication_options(
-                options.collective, options.timeout_s,
+                options.collective, options.collective_timeout_s,
                 buckets.resolve(options.bucket_mb, "multi_worker")))
     except tf.errors.DeadlineExceededError as e:
         raise PeerLostError(

@@ -82,4 +82,23 @@ class ParameterServer(Adapter):
         return cluster.task_type == "chief"  # workers and ps tasks serve
 
     def build(self):
+        from tfdist.compat import grpc_keepalive
+
+        # Before the strategy opens channels to the tasks: a worker whose host
+        # vanishes must fail its pending step, not hold it for ~15 minutes.
+        grpc_keepalive.apply()
         return build(self.cluster, self.options)
+
+    def serve(self, threads: int = 0):
+        """A worker or ps task: serves the chief's steps or variables until the chief has
+        gone (never returns).
+
+        Raises:
+            ClusterError: for a task type with no role in this job.
+        """
+        if self.cluster.task_type not in ("worker", "ps"):
+            raise ClusterError(f"task type {self.cluster.task_type!r} has no role in "
+                               "parameter-server training; valid: chief, worker, ps.")
+        from tfdist.ps import server
+
+        return server.serve(self.cluster, threads)

@@ -57,7 +57,7 @@ def check_one_process(options) -> None:
             "is one process. Start the stages as tasks: python -m tfdist.launch -n "
             f"{options.stages} -- python -m tfdist.train RECIPE --strategy pipeline; in "
             "one process, split over logical devices with --devices P.")
-    if (options.devices or 0) < 2 and not options.placement:
+    if options.devices < 2 and not options.placement:
         given = f"--devices {options.devices}" if options.devices else "no --devices"
         raise ConfigError(
             f"--strategy pipeline in one process cuts the model into stages over --devices P "
@@ -108,7 +108,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
 
         from tfdist.model_parallel import tasks
 
-        out = [tasks.watchdog(self.cluster, self.options.timeout_s or 0,
+        out = [tasks.watchdog(self.cluster, self.options.collective_timeout_s,
                                stages=self.options.stages)]
         if self.copies > 1:
             class SyncCopies(keras.callbacks.Callback):
@@ -156,7 +156,7 @@ class Pipeline(model_parallel.ModelParallel):
         if cluster.num_tasks > 1:
             from tfdist.model_parallel import tasks
 
-            tasks.check_options(cluster, options.stages, options.devices or 0,
+            tasks.check_options(cluster, options.stages, options.devices,
                                  options.tensor_parallel, options.placement)
             _, copies = tasks.layout(cluster.num_tasks, options.stages)
             tasks.check_batch(settings.training.global_batch_size, copies,

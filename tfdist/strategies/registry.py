@@ -76,7 +76,7 @@ def check_name(name: str) -> None:
         raise ConfigError(f"Unknown strategy {name!r}. Valid strategies: {valid_names()}.")
 
 
-def resolve_name(name: str, cluster, devices: int | None, gpus: int = 0) -> str:
+def resolve_name(name: str, cluster, devices: int, gpus: int = 0) -> str:
     """Pure function: the concrete adapter name for `name` ("auto" resolved).
 
     auto -> horovod when `horovodrun` started this process, parameter_server
@@ -93,11 +93,11 @@ def resolve_name(name: str, cluster, devices: int | None, gpus: int = 0) -> str:
         return "parameter_server"
     if cluster.is_multi_worker:
         return "multi_worker"
-    local = devices if devices is not None else gpus
+    local = devices or gpus  # --devices 0: every GPU
     return "mirrored" if local > 1 else "single"
 
 
-def possible_names(name: str, cluster, devices: int | None) -> set[str]:
+def possible_names(name: str, cluster, devices: int) -> set[str]:
     """Pure function: the adapters `name` may resolve to before TensorFlow counts GPUs."""
     return {resolve_name(name, cluster, devices, gpus) for gpus in (0, 2)}
 
@@ -117,7 +117,7 @@ class Choice:
     asked: str
     candidates: tuple[type[Adapter], ...]
     cluster: object
-    devices: int | None
+    devices: int
 
     @property
     def names(self) -> set[str]:
@@ -149,7 +149,7 @@ class Choice:
         return REGISTRY[resolve_name(self.asked, self.cluster, self.devices, gpus)]
 
 
-def choose(name: str, cluster, devices: int | None) -> Choice:
+def choose(name: str, cluster, devices: int) -> Choice:
     """Pure function: the `Choice` for `--strategy name` on `cluster` (no TensorFlow).
 
     Raises:

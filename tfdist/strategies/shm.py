@@ -36,7 +36,7 @@ def build(cluster, options):
     from tfdist.shm import runtime
 
     if not runtime.is_initialized():  # build may run twice in one process
-        runtime.init_from_cluster(cluster, options.timeout_s)
+        runtime.init_from_cluster(cluster, options.collective_timeout_s)
     return tf.distribute.get_strategy()
 
 
