@@ -51,3 +51,32 @@ def test_a_copy_that_already_has_values_is_refused():
     lazy = deferred.build_without_values(build)
     with pytest.raises(ConfigError, match="already has a value"):
         deferred.initialize_like(lazy, build())
+
+
+def _transformer_block():
+    inputs = keras.Input((5, 8), name="x")
+    h = keras.layers.MultiHeadAttention(2, 4, name="attn")(inputs, inputs)
+    h = keras.layers.Dense(12, activation="relu", name="ffn_in")(h)
+    h = keras.layers.Dense(8, name="ffn_out", bias_initializer="random_normal")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="logits")(h))
+
+
+def test_tensor_parallel_shards_compute_the_eager_builds_slices_on_their_own_devices():
+    # Stages in processes under --tensor-parallel: the chief never holds a shard's values.
+    from tfdist.model_parallel import tensor_parallel
+
+    cpu = "/job:localhost/replica:0/task:0/device:CPU:0"
+    pair = (cpu, cpu)
+    keras.utils.set_random_seed(3)
+    eager = surgery.placed_clone(_transformer_block(),
+                                 {n: pair for n in ("attn", "ffn_in", "ffn_out", "logits")})
+    keras.utils.set_random_seed(3)
+    lazy = deferred.build_without_values(_transformer_block)
+    clone = surgery.placed_clone(lazy, {n: pair for n in ("attn", "ffn_in", "ffn_out", "logits")})
+    split = {layer.name for layer in clone.layers if tensor_parallel.is_tensor_parallel(layer)}
+    assert split == {"attn", "ffn_in", "ffn_out"}
+    assert not deferred.has_deferred(clone)
+    assert len(clone.weights) == len(eager.weights)
+    for got, want in zip(clone.weights, eager.weights):
+        assert got.path == want.path
+        np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -40,6 +40,11 @@ def test_each_task_holds_one_stage_on_its_own_cpu_copy_major():
     assert tasks.stage_devices(2, stages=2) == tasks.stage_devices(2)
     assert tasks.layout(3) == (3, 1) and tasks.layout(6, 2) == (2, 3)
     assert tasks.layout(4, 4) == (4, 1)
+    # Under tensor parallelism T each task offers T devices, its stage's shards.
+    assert tasks.stage_devices(2, tensor_parallel=2) == [
+        "/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:0/device:CPU:1",
+        "/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:1"]
+    check(launched(4), "--stages", "2", "--tensor-parallel", "2")  # data x pipeline x tensor
 
 
 @pytest.mark.parametrize("n,asked", [(2, 3), (6, 4), (1, 0), (4, 1)])
@@ -63,7 +68,6 @@ def test_pipeline_started_as_several_tasks_is_one_stage_each_and_only_the_chief_
 
 @pytest.mark.parametrize("args,says", [
     (["--devices", "4"], "--devices 4 splits one process's CPU"),
-    (["--tensor-parallel", "2"], "--tensor-parallel 2 is not yet supported across processes"),
     (["--placement", "a=/cpu:0;b=/cpu:1"], "--placement names one process's devices"),
     (["--stages", "3"], "--stages 3 on 2 task(s)"),
     (["--stages", "1"], "--stages 1 on 2 task(s)"),

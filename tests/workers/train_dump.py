@@ -91,7 +91,12 @@ def main():
     ev = result.model.evaluate(test, verbose=0, return_dict=True)
     accuracy = ev.get("accuracy", ev.get("token_accuracy", np.nan))  # the recipe's metric
     os.makedirs(dump_dir, exist_ok=True)
-    arrays = {f"w{i}": w for i, w in enumerate(result.model.get_weights())}
+    # The plain model's weights: a tensor-parallel layer's shards gathered.
+    from tfdist.model_parallel import surgery
+
+    unsplit = getattr(result.model, "unsplit", None)
+    plain = surgery.gather_model(unsplit()) if unsplit else result.model
+    arrays = {f"w{i}": w for i, w in enumerate(plain.get_weights())}
     np.savez(os.path.join(dump_dir, f"worker{result.cluster.worker_index}.npz"),
              predictions=preds, eval_loss=ev["loss"], eval_accuracy=accuracy,
              num_replicas=result.strategy.num_replicas_in_sync, hostname=socket.gethostname(),

@@ -40,7 +40,8 @@ def placed_clone(model, device_of: dict):
     placement.check_regularizers(model)
     roles = (feed_forward_pairs(model)
              if any(len(g) > 1 for g in groups.values()) else {})
-    clones = {g: tensor_parallel_clone_function(g, roles)
+    without_values = deferred.has_deferred(model)
+    clones = {g: tensor_parallel_clone_function(g, roles, with_weights=not without_values)
               for g in set(groups.values())}
 
     def copy(layer):
@@ -48,7 +49,7 @@ def placed_clone(model, device_of: dict):
             return layer.__class__.from_config(layer.get_config())
         return clones[groups[layer.name]](layer)
 
-    if deferred.has_deferred(model):  # built without values: each made where it lives
+    if without_values:  # built without values: each made where it lives
         clone = deferred.build_without_values(
             lambda: keras.models.clone_model(model, clone_function=copy))
         deferred.initialize_like(model, clone)
@@ -66,8 +67,9 @@ def feed_forward_pairs(model) -> dict[str, str]:
     return graph_lib.dense_pairs(graph_lib.from_keras(model), dense)
 
 
-def parallel_copy(layer, devices, role: str | None = None):
-    """The tensor-parallel copy of a built layer over `devices`, with its weights; else None.
+def parallel_copy(layer, devices, role: str | None = None, with_weights: bool = True):
+    """The tensor-parallel copy of a built layer over `devices`, with its weights
+    (unless `with_weights` is False); else None.
 
     A `keras.layers.MultiHeadAttention` splits by heads; a `keras.layers.Dense`
     with `role` "column" (the first of a feed-forward pair) splits its units,
@@ -77,15 +79,18 @@ def parallel_copy(layer, devices, role: str | None = None):
 
     classes = tensor_parallel.layer_classes()
     if type(layer) is keras.layers.MultiHeadAttention:
-        return classes["HeadParallelAttention"].from_layer(layer, devices)
+        return classes["HeadParallelAttention"].from_layer(layer, devices, with_weights)
     if type(layer) is keras.layers.Dense and role == "column":
-        return classes["ColumnParallelDense"].from_layer(layer, devices, gather_output=True)
+        return classes["ColumnParallelDense"].from_layer(layer, devices, gather_output=True,
+                                                         with_weights=with_weights)
     if type(layer) is keras.layers.Dense and role == "row":
-        return classes["RowParallelDense"].from_layer(layer, devices, input_is_parallel=False)
+        return classes["RowParallelDense"].from_layer(layer, devices, input_is_parallel=False,
+                                                      with_weights=with_weights)
     return None
 
 
-def tensor_parallel_clone_function(devices, roles: dict[str, str] | None = None):
+def tensor_parallel_clone_function(devices, roles: dict[str, str] | None = None,
+                                   with_weights: bool = True):
     """A `clone_function` for `keras.models.clone_model`: the model tensor-parallel over `devices`.
 
     MultiHeadAttention layers and the Dense layers `roles` names (from
@@ -97,6 +102,8 @@ def tensor_parallel_clone_function(devices, roles: dict[str, str] | None = None)
     Args:
         devices: The devices of the shards (at least one).
         roles: layer name -> "column" | "row"; None: no Dense is split.
+        with_weights: False for a model built without values: the shards get
+            their initial values later (`deferred.initialize_like`).
     """
     import keras
 
@@ -105,7 +112,8 @@ def tensor_parallel_clone_function(devices, roles: dict[str, str] | None = None)
     def clone(layer):
         if isinstance(layer, keras.layers.InputLayer):
             return layer.__class__.from_config(layer.get_config())
-        copy = parallel_copy(layer, devices, roles.get(layer.name)) if len(devices) > 1 else None
+        copy = (parallel_copy(layer, devices, roles.get(layer.name), with_weights)
+                if len(devices) > 1 else None)
         return copy if copy is not None else placement.placed_copy(layer, devices[0])
 
     return clone

@@ -27,9 +27,9 @@ from tfdist.errors import ClusterError, ConfigError
 JOB = "worker"
 
 
-def task_device(index: int) -> str:
-    """Pure function: the CPU device of task `index` in the pipeline's cluster."""
-    return f"/job:{JOB}/replica:0/task:{index}/device:CPU:0"
+def task_device(index: int, device: int = 0) -> str:
+    """Pure function: CPU `device` of task `index` in the pipeline's cluster."""
+    return f"/job:{JOB}/replica:0/task:{index}/device:CPU:{device}"
 
 
 def layout(num_tasks: int, stages: int = 0) -> tuple[int, int]:
@@ -68,10 +68,14 @@ def stage_name(task: int, num_tasks: int, stages: int = 0) -> tuple[str, int]:
     return f"pipeline copy {task // p} stage", task % p
 
 
-def stage_devices(num_tasks: int, stages: int = 0) -> list[str]:
-    """Pure function: every task's device, copy-major (copy c's stage s is task c*P + s)."""
+def stage_devices(num_tasks: int, stages: int = 0, tensor_parallel: int = 1) -> list[str]:
+    """Pure function: every task's devices, copy-major (copy c's stage s is task c*P + s).
+
+    Under tensor parallelism T, each task offers T CPU devices (`serve`), its
+    stage's shards, listed together: [task 0's CPU:0 .. CPU:T-1, task 1's, ...].
+    """
     layout(num_tasks, stages)
-    return [task_device(t) for t in range(num_tasks)]
+    return [task_device(t, d) for t in range(num_tasks) for d in range(tensor_parallel)]
 
 
 def check_batch(global_batch_size: int, copies: int, microbatches: int) -> int:
@@ -159,16 +163,11 @@ def check_options(cluster, stages: int, devices: int, tensor_parallel: int,
             f"--devices {devices} splits one process's CPU; across processes each of the "
             f"{cluster.num_tasks} tasks is a stage. Pass --devices 0 (a recipe may set it) or "
             f"--devices {p}.")
-    if tensor_parallel > 1:
-        raise ConfigError(
-            f"--tensor-parallel {tensor_parallel} is not yet supported across processes: "
-            "each stage runs on one task. Drop it, or run tensor parallelism in one process "
-            "(--strategy pipeline --devices P*T --tensor-parallel T without tfdist.launch).")
     if placement:
         raise ConfigError(
             "--placement names one process's devices; across processes the stages are cut "
             "evenly, one per task. Drop --placement.")
-    return stage_devices(cluster.num_tasks, stages)
+    return stage_devices(cluster.num_tasks, stages, tensor_parallel)
 
 
 def wait_for(addresses: list[str], timeout_s: float, poll_s: float = 0.5) -> None:
@@ -365,17 +364,22 @@ def inter_op_threads(requested: int, cpus: int) -> int:
     return max(MIN_INTER_OP_THREADS, cpus)
 
 
-def connect(cluster, startup_timeout_s: float) -> None:
+def connect(cluster, startup_timeout_s: float, tensor_parallel: int = 1) -> None:
     """Joins the chief to the stage tasks' servers as task 0 (before any op).
 
     Also gives every task at least two inter-op threads (`inter_op_threads`),
-    unless `--inter-op-threads` was given.
+    unless `--inter-op-threads` was given, and the chief T logical CPUs for
+    its tensor-parallel stage (the other tasks offer theirs in `serve`).
 
     Raises:
         ClusterError: when a stage task does not come up in time.
     """
     import tensorflow as tf
 
+    if tensor_parallel > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * tensor_parallel)
     threads = tf.config.threading
     threads.set_inter_op_parallelism_threads(inter_op_threads(
         threads.get_inter_op_parallelism_threads(), len(os.sched_getaffinity(0))))
@@ -387,7 +391,8 @@ def connect(cluster, startup_timeout_s: float) -> None:
         task_index=cluster.worker_index, protocol="grpc")
 
 
-def serve(cluster, threads: int = 0, startup_timeout_s: float = 0, stages: int = 0) -> None:
+def serve(cluster, threads: int = 0, startup_timeout_s: float = 0, stages: int = 0,
+          tensor_parallel: int = 1) -> None:
     """Runs this task's stage server until the chief has gone (never returns).
 
     SIGTERM and Ctrl-C do not end a stage: the chief saves its backup at the
@@ -400,4 +405,5 @@ def serve(cluster, threads: int = 0, startup_timeout_s: float = 0, stages: int =
     server.serve_spec({JOB: addresses}, JOB, cluster.worker_index, addresses[0],
                       label=f"{job} {rank}",
                       threads=threads, start_s=startup_timeout_s or None,
-                      gone_s=server.STAGE_GONE_S, hold_signals=True)
+                      gone_s=server.STAGE_GONE_S, hold_signals=True,
+                      cpu_devices=tensor_parallel)

@@ -189,8 +189,9 @@ class HeadParallelAttention(TensorParallelLayer):
                 "bias_initializer": serialize_init(self.bias_initializer)}
 
     @classmethod
-    def from_layer(cls, mha, devices):
-        """The head-parallel copy of a built MultiHeadAttention, holding its weights.
+    def from_layer(cls, mha, devices, with_weights=True):
+        """The head-parallel copy of a built MultiHeadAttention, holding its weights
+        (unless `with_weights` is False: a model built without values gets them later).
 
         Raises:
             ValueError: for a feature the copy lacks (see the class), or
@@ -212,7 +213,8 @@ class HeadParallelAttention(TensorParallelLayer):
         shapes = [(None, None, int(d.kernel.shape[0]))
                   for d in (mha._query_dense, mha._value_dense, mha._key_dense)]
         layer.build(*shapes)
-        layer.set_plain_weights(mha.get_weights())
+        if with_weights:
+            layer.set_plain_weights(mha.get_weights())
         return layer
 
     def _plain_groups(self):

@@ -59,6 +59,12 @@ class TensorParallelLayer(keras.layers.Layer):
     def _plain_groups(self):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def shard_devices(self):
+        """For each plain weight (`_plain_groups` order), the device of each of its shards:
+        shard i on devices[i], a weight held whole on devices[0]."""
+        return [[self.devices[0]] if axis is None else self.devices[:len(group)]
+                for group, axis in self._plain_groups()]
+
     def plain_weights(self):
         """The weights of the equivalent plain layer (shards gathered), as NumPy arrays."""
         out = []
@@ -131,8 +137,9 @@ class _DenseShards(TensorParallelLayer):
         layer.build((None, self.input_dim))
 
     @classmethod
-    def _from_dense(cls, dense, devices, **kwargs):
-        """The copy of a built Dense over `devices`, built and holding its weights."""
+    def _from_dense(cls, dense, devices, with_weights=True, **kwargs):
+        """The copy of a built Dense over `devices`, built (holding its weights unless
+        `with_weights` is False: a model built without values gets them later)."""
         check_plain(dense, cls.__name__, DENSE_REFUSED)
         if getattr(dense, "kernel", None) is None or len(dense.kernel.shape) != 2:
             raise ValueError(f"{cls.__name__}.from_layer needs a built keras.layers.Dense. "
@@ -144,7 +151,8 @@ class _DenseShards(TensorParallelLayer):
                     bias_initializer=config["bias_initializer"], name=dense.name,
                     dtype=config.get("dtype"), trainable=dense.trainable, **kwargs)
         layer.build(layer._input_shape_for(int(dense.kernel.shape[0])))
-        layer.set_plain_weights(dense.get_weights())
+        if with_weights:
+            layer.set_plain_weights(dense.get_weights())
         return layer
 
 
@@ -220,14 +228,15 @@ class ColumnParallelDense(_DenseShards):
         return {**super().get_config(), "gather_output": self.gather_output}
 
     @classmethod
-    def from_layer(cls, dense, devices, gather_output=True):
-        """The column-parallel copy of a built `keras.layers.Dense`, holding its weights.
+    def from_layer(cls, dense, devices, gather_output=True, with_weights=True):
+        """The column-parallel copy of a built `keras.layers.Dense`, holding its weights
+        (unless `with_weights` is False).
 
         Raises:
             ValueError: for a Dense feature the copy lacks (a constraint,
                 LoRA, quantization), or more devices than units.
         """
-        return cls._from_dense(dense, devices, gather_output=gather_output)
+        return cls._from_dense(dense, devices, with_weights, gather_output=gather_output)
 
     def _plain_groups(self):
         return [(self.kernels, 1)] + ([(self.biases, 0)] if self.use_bias else [])
@@ -314,14 +323,16 @@ class RowParallelDense(_DenseShards):
         return {**super().get_config(), "input_is_parallel": self.input_is_parallel}
 
     @classmethod
-    def from_layer(cls, dense, devices, input_is_parallel=False):
-        """The row-parallel copy of a built `keras.layers.Dense`, holding its weights.
+    def from_layer(cls, dense, devices, input_is_parallel=False, with_weights=True):
+        """The row-parallel copy of a built `keras.layers.Dense`, holding its weights
+        (unless `with_weights` is False).
 
         Raises:
             ValueError: for a Dense feature the copy lacks, or more devices
                 than input features.
         """
-        return cls._from_dense(dense, devices, input_is_parallel=input_is_parallel)
+        return cls._from_dense(dense, devices, with_weights,
+                               input_is_parallel=input_is_parallel)
 
     def _plain_groups(self):
         return [(self.kernels, 0)] + ([([self.bias], None)] if self.use_bias else [])

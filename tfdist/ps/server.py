@@ -71,7 +71,7 @@ def serve(cluster, threads: int = 0):
 
 def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, threads: int = 0,
                start_s: float | None = CHIEF_START_S, gone_s: float = CHIEF_GONE_S,
-               hold_signals: bool = False) -> None:
+               hold_signals: bool = False, cpu_devices: int = 1) -> None:
     """Serves task `index` of `job` in cluster `spec` until the chief at `chief` has gone.
 
     Args:
@@ -81,6 +81,8 @@ def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, thre
         label: This task in messages ("worker 1", "pipeline stage 1").
         threads: Intra-op threads (0: TensorFlow's default).
         start_s, gone_s: See `chief_gone`.
+        cpu_devices: CPU devices this task offers (a tensor-parallel stage's shards
+            on a machine without GPUs: CPU:0 .. CPU:N-1, one CPU split).
         hold_signals: SIGTERM and SIGINT do not end this task (its chief saves a
             backup with it first); it ends when the chief has gone, and at once,
             without a word, when the chief is gone already (it refused the run:
@@ -93,6 +95,8 @@ def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, thre
         # Intra-op only: a remote step blocks an inter-op thread while it waits
         # for its input, so one inter-op thread would deadlock the worker.
         config.intra_op_parallelism_threads = threads
+    if cpu_devices > 1:  # a server offers its session config's devices, not logical ones
+        config.device_count["CPU"] = cpu_devices
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index,
                                   protocol="grpc", config=config, start=True)
     if hold_signals:

@@ -74,7 +74,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
         from tfdist.model_parallel import tasks
 
         self.cluster = cluster
-        devices = tasks.stage_devices(cluster.num_tasks, options.stages)
+        devices = tasks.stage_devices(cluster.num_tasks, options.stages, options.tensor_parallel)
         _, copies = tasks.layout(cluster.num_tasks, options.stages)
         super().__init__(options, self._split)
         self.devices = devices
@@ -89,7 +89,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
         try:
             return transform_model(model, options, self.devices, self.copies)
         except graph.SplitError as e:
-            raise ConfigError(tasks.too_many_stages(len(self.devices), e.stages,
+            raise ConfigError(tasks.too_many_stages(self.cluster.num_tasks, e.stages,
                                                      e.most)) from None
 
     def num_replicas(self, strategy) -> int:
@@ -98,7 +98,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
 
     def layout(self) -> dict:
         """Stages and copies, for the run's first line."""
-        return {"stages": len(self.devices) // self.copies, "copies": self.copies}
+        return {"stages": self.cluster.num_tasks // self.copies, "copies": self.copies}
 
     def callbacks(self, learning_rate, warmup_epochs=0.0):
         """The stage watchdog (a stopped stage ends the job, named); copies of the
@@ -161,8 +161,10 @@ class Pipeline(model_parallel.ModelParallel):
             _, copies = tasks.layout(cluster.num_tasks, options.stages)
             tasks.check_batch(settings.training.global_batch_size, copies,
                                options.microbatches)
-        else:
-            check_one_process(options)
+            # Not ModelParallel's: its --devices/--tensor-parallel rule is one process's.
+            super(model_parallel.ModelParallel, cls).check_config(settings, cluster)
+            return
+        check_one_process(options)
         super().check_config(settings, cluster)
 
     @classmethod
@@ -203,7 +205,7 @@ class Pipeline(model_parallel.ModelParallel):
 
         from tfdist.model_parallel import tasks
 
-        tasks.connect(self.cluster, self.options.startup_timeout_s)
+        tasks.connect(self.cluster, self.options.startup_timeout_s, self.options.tensor_parallel)
         return tf.distribute.get_strategy()
 
     def hooks(self):
@@ -217,4 +219,4 @@ class Pipeline(model_parallel.ModelParallel):
         from tfdist.model_parallel import tasks
 
         tasks.serve(self.cluster, threads, self.options.startup_timeout_s,
-                     self.options.stages)
+                    self.options.stages, self.options.tensor_parallel)
