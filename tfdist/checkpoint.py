@@ -71,6 +71,30 @@ def signature(variables) -> list[list]:
              str(getattr(v.dtype, "name", v.dtype))] for v in variables]
 
 
+def match_by_path(got: list, want: list) -> list[int] | None:
+    """Pure function: for each variable of signature `want`, the index of the backup
+    variable (signature `got`) with the same path; None when paths cannot decide
+    (a path missing, repeated, or not in both), and positions are used.
+
+    A model split into stages lists its variables in its stages' order, which is
+    not the unsplit model's; their paths (`layer/variable`, and the optimizer's
+    slots named after them) are the same in every layout. Optimizer paths are
+    also tried without their first part, the optimizer's name.
+    """
+    def keyed(signature, drop):  # drop: without the first part (an optimizer's own name)
+        return [p.split("/", 1)[-1] if drop and p else p for p, *_ in signature]
+
+    for drop in (False, True):  # "adam/x_momentum" is "adam_1/x_momentum" in a second Adam
+        got_paths, want_paths = keyed(got, drop), keyed(want, drop)
+        if (None in got_paths or len(set(got_paths)) != len(got_paths)
+                or len(set(want_paths)) != len(want_paths)
+                or set(got_paths) != set(want_paths)):
+            continue
+        index = {path: i for i, path in enumerate(got_paths)}
+        return [index[path] for path in want_paths]
+    return None
+
+
 def _digest(arrays: dict) -> str:
     h = hashlib.sha256()
     for key in sorted(arrays):
@@ -191,8 +215,8 @@ class BackupStore:
 
     @staticmethod
     def check_compatible(path: str, record: dict, expected: dict,
-                         batch_change_ok: bool = False) -> None:
-        """Refuses a backup written by a different run.
+                         batch_change_ok: bool = False) -> dict:
+        """Refuses a backup written by a different run; where each variable is in it.
 
         The strategy and replica count are not compared: every global batch
         holds the same examples whatever the number of replicas, and every
@@ -208,10 +232,15 @@ class BackupStore:
             batch_change_ok: --rescale-lr-on-batch-change: another global
                 batch is accepted (the caller rescales and re-positions).
 
+        Returns:
+            {"model": indices, "optimizer": indices}: for each variable of this run,
+            the backup's index of the same variable (`match_by_path`, else its position).
+
         Raises:
             CheckpointError: naming the first mismatch and both values.
         """
-        hint = "Use another --model-dir, or pass --no-resume to start fresh there."
+        hint = ("Use another --model-dir, or pass --no-resume to start fresh there (which "
+                "deletes these backups).")
         keys = ("recipe", "accumulate") if batch_change_ok else (
             "recipe", "global_batch_size", "accumulate")
         for key in keys:
@@ -221,17 +250,21 @@ class BackupStore:
                 raise CheckpointError(
                     f"Backup {path} cannot be resumed: it was written with {key}="
                     f"{record.get(key)!r} but this run has {key}={expected[key]!r}. {hint}")
+        order = {}
         for key, what in (("model_signature", "model"), ("optimizer_signature", "optimizer")):
             got, want = record.get(key, []), expected[key]
             if len(got) != len(want):
                 raise CheckpointError(
                     f"Backup {path} cannot be resumed: it holds {len(got)} {what} variables "
                     f"but this {what} has {len(want)}. {hint}")
-            for (gp, gs, gd), (wp, ws, wd) in zip(got, want):
+            order[what] = match_by_path(got, want) or list(range(len(want)))
+            for i, (wp, ws, wd) in zip(order[what], want):
+                gp, gs, gd = got[i]
                 if gs != ws or gd != wd:
                     raise CheckpointError(
                         f"Backup {path} cannot be resumed: {what} variable {wp!r} has shape "
                         f"{ws} ({wd}) here but {gs} ({gd}) in the backup ({gp!r}). {hint}")
+        return order
 
     def resume(self, enabled: bool, meta: dict, model_vars, optimizer_vars,
                scope=contextlib.nullcontext, batch_change_ok: bool = False,
@@ -278,7 +311,7 @@ class BackupStore:
             return None, None
         for bad, _ in self.skipped:
             self.writer.move_aside(bad, CORRUPT_SUFFIX)
-        self.check_compatible(path, record, {
+        order = self.check_compatible(path, record, {
             **meta, "model_signature": signature(model_vars),
             "optimizer_signature": signature(optimizer_vars)}, batch_change_ok)
         state = TrainState(**record["state"])
@@ -287,15 +320,20 @@ class BackupStore:
         if "steps_per_epoch" in meta and same_batch:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
-            self.restore(arrays, model_vars, optimizer_vars)
+            self.restore(arrays, model_vars, optimizer_vars, order)
         return state, path
 
     @staticmethod
-    def restore(arrays: dict, model_vars, optimizer_vars) -> None:
-        """Assigns a backup's arrays to the variables (call in the strategy scope)."""
-        for i, v in enumerate(model_vars):
+    def restore(arrays: dict, model_vars, optimizer_vars, order: dict | None = None) -> None:
+        """Assigns a backup's arrays to the variables (call in the strategy scope).
+
+        Args:
+            order: As `check_compatible` returns (None: by position).
+        """
+        order = order or {}
+        for i, v in zip(order.get("model", range(len(model_vars))), model_vars):
             v.assign(arrays[f"model_{i}"])
-        for i, v in enumerate(optimizer_vars):
+        for i, v in zip(order.get("optimizer", range(len(optimizer_vars))), optimizer_vars):
             v.assign(arrays[f"opt_{i}"])
 
 
