@@ -191,10 +191,9 @@ def test_synchronous_strategies_and_their_layout_are_not_the_identity():
     assert run_dir.differences(mwms, pipeline) == []
     mp = run_dir.run_config(_cfg(strategy="model_parallel", devices=2))
     assert run_dir.differences(mp, run_dir.run_config(_cfg(strategy="model_parallel"))) == []
-    # Tensor parallelism stores each weight as shards: not a layout a backup crosses.
+    # Tensor parallelism is layout too: a backup records each shard's slice (reshard).
     assert run_dir.differences(mp, run_dir.run_config(
-        _cfg(strategy="model_parallel", tensor_parallel=2))) == [
-        "--tensor-parallel 1 there, 2 here"]
+        _cfg(strategy="model_parallel", tensor_parallel=2))) == []
     assert run_dir.differences(mwms, run_dir.run_config(_cfg(strategy="parameter_server"))) == [
         "--strategy 'multi_worker' there, 'parameter_server' here"]
     assert run_dir.differences(mwms, run_dir.run_config(

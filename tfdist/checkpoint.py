@@ -18,6 +18,7 @@ import zipfile
 
 import numpy as np
 
+from tfdist import reshard
 from tfdist.errors import CheckpointError
 from tfdist.model_dir import BACKUP_DIR
 
@@ -66,9 +67,16 @@ class TrainState:
 
 
 def signature(variables) -> list[list]:
-    """[path, shape, dtype] of each variable: what a backup must match."""
-    return [[getattr(v, "path", None) or v.name, list(v.shape),
-             str(getattr(v.dtype, "name", v.dtype))] for v in variables]
+    """[path, shape, dtype] of each variable: what a backup must match; a tensor-parallel
+    shard adds the plain weight it is a slice of ([plain path, axis, start, stop, plain
+    shape], `tfdist.reshard`)."""
+    out = []
+    for v in variables:
+        entry = [getattr(v, "path", None) or v.name, list(v.shape),
+                 str(getattr(v.dtype, "name", v.dtype))]
+        plain = getattr(v, "_tfdist_plain", None)
+        out.append(entry + [list(plain)] if plain else entry)
+    return out
 
 
 def match_by_path(got: list, want: list) -> list[int] | None:
@@ -251,15 +259,26 @@ class BackupStore:
                     f"Backup {path} cannot be resumed: it was written with {key}="
                     f"{record.get(key)!r} but this run has {key}={expected[key]!r}. {hint}")
         order = {}
-        for key, what in (("model_signature", "model"), ("optimizer_signature", "optimizer")):
-            got, want = record.get(key, []), expected[key]
+        signatures = {"model": (record.get("model_signature", []), expected["model_signature"])}
+        signatures["optimizer"] = (record.get("optimizer_signature", []),
+                                   expected["optimizer_signature"])
+        sharded = any(len(e) > 3 for got, want in signatures.values() for e in got + want)
+        for what, (got, want) in signatures.items():
+            by_path = match_by_path(got, want)
+            if by_path is None and sharded:  # tensor parallel on either side: by plain weight
+                model_got, model_want = signatures["model"]
+                pieces = (reshard.model_pieces, reshard.model_pieces) if what == "model" else (
+                    lambda sig: reshard.optimizer_pieces(sig, model_got),
+                    lambda sig: reshard.optimizer_pieces(sig, model_want))
+                order[what] = reshard.plan(pieces[0](got), pieces[1](want), what, path)
+                continue
             if len(got) != len(want):
                 raise CheckpointError(
                     f"Backup {path} cannot be resumed: it holds {len(got)} {what} variables "
                     f"but this {what} has {len(want)}. {hint}")
-            order[what] = match_by_path(got, want) or list(range(len(want)))
-            for i, (wp, ws, wd) in zip(order[what], want):
-                gp, gs, gd = got[i]
+            order[what] = by_path or list(range(len(want)))
+            for i, (wp, ws, wd, *_) in zip(order[what], want):
+                gp, gs, gd, *_ = got[i]
                 if gs != ws or gd != wd:
                     raise CheckpointError(
                         f"Backup {path} cannot be resumed: {what} variable {wp!r} has shape "
@@ -331,10 +350,13 @@ class BackupStore:
             order: As `check_compatible` returns (None: by position).
         """
         order = order or {}
-        for i, v in zip(order.get("model", range(len(model_vars))), model_vars):
-            v.assign(arrays[f"model_{i}"])
-        for i, v in zip(order.get("optimizer", range(len(optimizer_vars))), optimizer_vars):
-            v.assign(arrays[f"opt_{i}"])
+        for what, prefix, variables in (("model", "model", model_vars),
+                                        ("optimizer", "opt", optimizer_vars)):
+            for step, v in zip(order.get(what, range(len(variables))), variables):
+                if isinstance(step, reshard.Assemble):  # from another tensor-parallel layout
+                    v.assign(reshard.assemble(step, lambda i, p=prefix: arrays[f"{p}_{i}"]))
+                else:
+                    v.assign(arrays[f"{prefix}_{step}"])
 
 
 def check_layout(path: str, record: dict, state: TrainState, steps_per_epoch: int) -> None:

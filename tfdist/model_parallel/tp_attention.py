@@ -116,6 +116,7 @@ class HeadParallelAttention(TensorParallelLayer):
             with tf.device(self.devices[0]):
                 self.output_bias = self.add_weight(shape=(out_dim,), name="output_bias",
                                                    initializer=self.bias_initializer)
+        self._annotate_shards()
 
     def _mask(self, query, value, query_mask, value_mask, key_mask, attention_mask,
               use_causal_mask):
@@ -227,6 +228,13 @@ class HeadParallelAttention(TensorParallelLayer):
         if self.use_bias:
             groups.append(([self.output_bias], None))
         return groups
+
+    def _plain_names(self):
+        names = []
+        for proj in ("query", "key", "value"):
+            names += [f"{proj}/kernel"] + ([f"{proj}/bias"] if self.use_bias else [])
+        return names + ["attention_output/kernel"] + (
+            ["attention_output/bias"] if self.use_bias else [])
 
     def _plain_class(self):
         return keras.layers.MultiHeadAttention

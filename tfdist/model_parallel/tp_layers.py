@@ -59,6 +59,24 @@ class TensorParallelLayer(keras.layers.Layer):
     def _plain_groups(self):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def _annotate_shards(self):
+        """Marks each shard variable with the plain weight it is a slice of ([plain path,
+        axis, start, stop, plain shape]): what a backup records to resume under another
+        tensor-parallel degree (`tfdist.reshard`). Call at the end of `build`."""
+        for (group, axis), name in zip(self._plain_groups(), self._plain_names()):
+            prefix = group[0].path.rsplit("/", 1)[0]
+            if axis is None:  # held whole, maybe under another name (output_bias)
+                group[0]._tfdist_plain = (f"{prefix}/{name}", None, 0, 0,
+                                          tuple(group[0].shape))
+                continue
+            shape = list(group[0].shape)
+            shape[axis] = sum(int(v.shape[axis]) for v in group)
+            start = 0
+            for v in group:
+                stop = start + int(v.shape[axis])
+                v._tfdist_plain = (f"{prefix}/{name}", axis, start, stop, tuple(shape))
+                start = stop
+
     def shard_devices(self):
         """For each plain weight (`_plain_groups` order), the device of each of its shards:
         shard i on devices[i], a weight held whole on devices[0]."""
@@ -124,6 +142,9 @@ class _DenseShards(TensorParallelLayer):
 
     def _plain_class(self):
         return keras.layers.Dense
+
+    def _plain_names(self):
+        return ["kernel", "bias"][:len(self._plain_groups())]
 
     def plain_config(self):
         """The config of the equivalent `keras.layers.Dense`."""
@@ -206,6 +227,7 @@ class ColumnParallelDense(_DenseShards):
                         shape=(b - a,), name=f"bias_{i}",
                         initializer=sharded_init(self.bias_initializer, (self.units,),
                                                  0, a, b)))
+        self._annotate_shards()
 
     def call(self, x):
         def shard(i):
@@ -297,6 +319,7 @@ class RowParallelDense(_DenseShards):
             with tf.device(self.devices[0]):
                 self.bias = self.add_weight(shape=(self.units,), name="bias",
                                             initializer=self.bias_initializer)
+        self._annotate_shards()
 
     def call(self, xs):
         def shard(i):
@@ -366,6 +389,10 @@ class ParallelMLP(TensorParallelLayer):
 
     def _plain_groups(self):
         return [*self.column._plain_groups(), *self.row._plain_groups()]
+
+    def _plain_names(self):
+        return [*(f"column/{n}" for n in self.column._plain_names()),
+                *(f"row/{n}" for n in self.row._plain_names())]
 
     def dense_weights(self):
         """[W1, b1, W2, b2] of the equivalent unsplit Dense pair, as NumPy arrays."""

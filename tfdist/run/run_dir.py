@@ -52,10 +52,11 @@ BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 # replica and stage counts: the strategy, --devices and the pipeline's layout are
 # how it is run, not what it computes. `auto` resolves to one of them (or to an
 # asynchronous strategy, whose backups name their recipe and variables anyway).
-# The adapters say which (`Adapter.portable`). Tensor parallelism is not layout
-# only: it stores each weight as shards.
+# The adapters say which (`Adapter.portable`). Tensor parallelism is layout too: a
+# backup records each shard's slice of its weight (`tfdist.reshard`).
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
-LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement"})
+LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
+                    "tensor_parallel"})
 
 
 def run_config(cfg: dict) -> dict:
