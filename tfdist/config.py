@@ -98,6 +98,11 @@ OPTIONS: dict[str, Option] = {
                                ge=0),
     "preempt_check_steps": Option(0, "steps between workers' agreement on a SIGTERM (0: auto)",
                                   ge=0),
+    "final_weights": Option("auto", "how the chief writes the trained model: keras "
+                            "(MODEL_DIR/model.keras), sharded (model.json + model.weights.json "
+                            "and its shards, one weight at a time), auto (sharded when "
+                            "model.keras would not fit this process's memory)",
+                            choices=("auto", "keras", "sharded")),
     "csv_log": Option(True, "the chief writes MODEL_DIR/history.csv each epoch"),
     "tensorboard": Option(False, "the chief writes TensorBoard logs to MODEL_DIR/logs"),
     # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.

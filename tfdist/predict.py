@@ -28,6 +28,7 @@ from tfdist.errors import ConfigError
 from tfdist.model_dir import BACKUP_DIR
 
 MODEL = "model.keras"
+SHARDED = "model.weights.json"  # with model.json: the form of a model larger than one process
 
 
 def run_record(run_dir: str) -> dict:
@@ -106,11 +107,26 @@ def check_run_dir(run_dir: str) -> str:
                           "`python -m tfdist.train` run wrote (its first line says "
                           "model_dir=...; by default runs/RECIPE/...).")
     path = os.path.join(run_dir, MODEL)
+    sharded = os.path.join(run_dir, SHARDED)
+    if os.path.isfile(sharded):  # a model larger than one process (--final-weights)
+        return sharded
     if not os.path.isfile(path):
         raise ConfigError(f"run dir {run_dir}: has no {MODEL}; a run writes it when it "
                           "finishes. Rerun its training command to finish it, or pass the "
                           "dir of a finished run.")
     return path
+
+
+def load(path: str):
+    """The model at `path`: model.keras, or model.json beside its sharded weights."""
+    import keras
+
+    if os.path.basename(path) != SHARDED:
+        return keras.saving.load_model(path, compile=False)
+    with open(os.path.join(os.path.dirname(path), "model.json"), encoding="utf-8") as f:
+        model = keras.models.model_from_json(f.read())
+    model.load_weights(path)
+    return model
 
 
 def predict(run_dir: str, inputs: list[str], recipe_override: str | None = None) -> list[str]:
@@ -128,10 +144,8 @@ def predict(run_dir: str, inputs: list[str], recipe_override: str | None = None)
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
     import_tensorflow()
-    import keras
-
     try:
-        model = keras.saving.load_model(path, compile=False)
+        model = load(path)
     except Exception as e:  # a file Keras cannot read: say which, in one line
         raise ConfigError(f"{path}: Keras cannot load it ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:300] if str(e) else ''}).") from None

@@ -76,6 +76,7 @@ class Backup:
     save_every_steps: int
     preempt_check_steps: int
     status_file: str
+    final_weights: str
 
 
 _SECTIONS = {"training": Training, "optimization": Optimization, "runtime": Runtime,

@@ -143,6 +143,33 @@ class ChiefWriter:
         """Chief: saves a Keras model atomically; returns the path or None."""
         return self.write_file(name, model.save, suffix=".keras")
 
+    def write_files(self, write) -> list[str] | None:
+        """Chief: `write(tmp_dir)` fills a temporary directory in the model dir and returns
+        its file names; each is then renamed into the model dir in that order (an index
+        last, so that it names only files already in place).
+
+        Returns:
+            The paths written, or None on other workers.
+
+        Raises:
+            StorageError: one line naming the path and errno.
+        """
+        if not self.is_chief:
+            return None
+        tmp = self.path(f".tmp-{os.getpid()}-files")
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            names = write(tmp)
+            out = []
+            for name in names:
+                os.replace(os.path.join(tmp, name), self.path(name))
+                out.append(self.path(name))
+            return out
+        except OSError as e:
+            raise StorageError(describe_os_error(e, tmp)) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def move_aside(self, name: str, suffix: str) -> str | None:
         """Chief: renames `name` to `name + suffix` (nothing if it is gone); returns the new path."""
         if not self.is_chief:

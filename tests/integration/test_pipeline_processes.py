@@ -62,8 +62,10 @@ RUNS = {"single": (1, ["--strategy", "single"]),
         "single_e1": (1, ["--strategy", "single", "--epochs", "1"]),
         "hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2",
                        "--tensor-parallel", "2", "--epochs", "1"]),
+        # ... and it ends as a model larger than one process does: model.json and
+        # Keras's sharded weights, written one weight at a time.
         "two_tp": (2, [*PIPELINE, "--microbatches", "2", "--tensor-parallel", "2",
-                       "--epochs", "1"]),
+                       "--epochs", "1", "--final-weights", "sharded"]),
         # mixed_float16, one epoch: one process, and 2 stage processes with M = 1 (the
         # same batch through the same float16 ops, so the same weights to the bit).
         "single_fp16": (1, ["--strategy", "single", *FP16]),
@@ -182,6 +184,23 @@ def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
     kind, total = proc.stdout.split()[-2:]
     assert kind == "Functional"
     assert float(total) == pytest.approx(sum(float(np.abs(w).sum()) for w in weights), rel=1e-6)
+
+
+def test_the_sharded_final_weights_load_with_keras_alone(runs):
+    weights, model_dir, proc = runs["two_tp"]
+    assert "model.weights.json (sharded weights)" in proc.stdout
+    assert not os.path.exists(os.path.join(model_dir, "model.keras"))
+    script = ("import sys, keras, numpy as np; d = sys.argv[1]; "
+              "m = keras.models.model_from_json(open(d + '/model.json').read()); "
+              "m.load_weights(d + '/model.weights.json'); "
+              "np.savez(d + '/loaded.npz', *m.get_weights())")
+    loaded = run_py(["-c", script, model_dir], timeout=120)
+    assert loaded.returncode == 0, tail(loaded)
+    with np.load(os.path.join(model_dir, "loaded.npz")) as npz:
+        arrays = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+    assert len(arrays) == len(weights)
+    for a, b in zip(arrays, weights):
+        np.testing.assert_array_equal(a, b)
 
 
 def _start_stages(dump, model_dir, delay_ms, extra=()):

@@ -340,8 +340,10 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
                                      tuple(tuple(g) for g in copy_groups))
     clones = [surgery.placed_clone(model, {name: groups[s] for name, s in stage_of.items()})
               for groups in split_plan.copy_groups]
-    return _model_class()(clones[0], split_plan, microbatches, schedule, copies=clones[1:],
-                          name=model.name)
+    out = _model_class()(clones[0], split_plan, microbatches, schedule, copies=clones[1:],
+                         name=model.name)
+    object.__setattr__(out, "plain_json", model.to_json())  # what the run's weights load into
+    return out
 
 
 def _stages(copy, split_plan, groups):

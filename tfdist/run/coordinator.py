@@ -301,7 +301,8 @@ class CoordinatorRun:
         if self.lost:
             _log(f"finished without lost worker(s) {sorted(self.lost)}: "
                  + ", ".join(f"worker {i} ({workers[i]})" for i in sorted(self.lost)))
-        metrics = loop.finish(local, test_ds, metrics, self.writer, self.cluster, recipe, cfg)
+        metrics = loop.finish(local, test_ds, metrics, self.writer, self.cluster, recipe, cfg,
+                              self.settings.backup.final_weights)
         return Result(model=local, metrics=metrics, strategy=self.dist.strategy,
                       cluster=self.cluster)
 

@@ -125,7 +125,7 @@ def set_up(settings, cpu_devices: int | None = None) -> None:
 
 
 def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster, recipe=None,
-           cfg: dict | None = None) -> dict:
+           cfg: dict | None = None, final_weights: str = "auto") -> dict:
     """Evaluates, then the chief writes the model and metrics.json (atomically).
 
     Args:
@@ -136,6 +136,7 @@ def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster, recipe=N
         cluster: This process's ClusterInfo.
         recipe: The recipe; its optional `evaluate(model, cfg)` adds its own metrics.
         cfg: The configuration `evaluate` is given.
+        final_weights: --final-weights (`save_final`).
 
     Returns:
         `metrics` with "test": the evaluation as floats, and the recipe's own metrics.
@@ -149,12 +150,36 @@ def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster, recipe=N
         metrics.setdefault("recipe_file", getattr(recipe, "RECIPE_FILE", None))
         metrics.setdefault("config", run_config(cfg or {}))
         metrics.update(recipe_metrics(recipe, model, cfg, metrics))
-    writer.save_model(model)
+    saved = save_final(model, writer, final_weights)
     path = writer.write_json("metrics.json", metrics)
     if path:
-        log(cluster, f"test {evaluation}; wrote {writer.path('model.keras')} and {path}")
+        log(cluster, f"test {evaluation}; wrote {saved} and {path}")
     sys.stdout.flush()
     return metrics
+
+
+def save_final(model, writer: ChiefWriter, asked: str = "auto") -> str:
+    """The chief writes the trained model: model.keras, or (a model larger than this
+    process, or --final-weights sharded) model.json + model.weights.json and its shards
+    (`tfdist.model_parallel.export`); the other form's files are removed. Returns what
+    it wrote, in words."""
+    from tfdist.model_parallel import export
+
+    unsplit = getattr(model, "unsplit", None)
+    source = unsplit() if unsplit else model
+    form = export.final_form(asked, export.weight_bytes(source), export.headroom_bytes()
+                             if asked == "auto" and writer.is_chief else None)
+    if form == "keras":
+        for name in export.sharded_files(writer.model_dir):
+            writer.remove(name)
+        writer.save_model(model)
+        return writer.path("model.keras")
+    architecture = getattr(model, "plain_json", None) or model.to_json()
+    writer.write_files(lambda tmp: export.save_sharded(architecture, export.values_of(source),
+                                                       tmp))
+    writer.remove("model.keras")
+    return (f"{writer.path(export.ARCHITECTURE)} and {writer.path(export.WEIGHTS)} "
+            "(sharded weights)")
 
 
 def recipe_metrics(recipe, model, cfg: dict, metrics: dict) -> dict:

@@ -544,6 +544,6 @@ class FitRun:
             "examples_per_s": self.counter.steps * self.gbs / wall if wall > 0 else 0.0,
         }
         metrics = loop_lib.finish(self.model, self.test_ds, metrics, self.writer, self.cluster,
-                                  self.recipe, self.cfg)
+                                  self.recipe, self.cfg, self.settings.backup.final_weights)
         return Result(model=self.model, metrics=metrics, strategy=dist.strategy,
                       cluster=self.cluster)

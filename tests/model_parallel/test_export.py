@@ -1,0 +1,54 @@
+"""Final weights written part by part (model.json + Keras's sharded weights), in-process."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tfdist.model_parallel import export
+
+
+def _model(keras):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5, 8), name="x")
+    h = keras.layers.MultiHeadAttention(2, 4, name="attn")(inputs, inputs)
+    h = keras.layers.LayerNormalization(name="norm")(h)
+    h = keras.layers.Dense(12, activation="relu", name="ffn_in")(h)
+    return keras.Model(inputs, keras.layers.Dense(8, name="ffn_out")(h))
+
+
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_a_split_model_saves_sharded_weights_keras_alone_loads(tmp_path, tensor_parallel):
+    import keras
+
+    from tfdist.model_parallel import pipeline, surgery
+
+    split = pipeline.split(_model(keras), ["/cpu:0"] * (2 * tensor_parallel),
+                           tensor_parallel=tensor_parallel)
+    rng = np.random.default_rng(1)
+    for v in split.variables:
+        v.assign(rng.normal(size=v.shape).astype(v.dtype))
+    names = export.save_sharded(split.plain_json, export.values_of(split.unsplit()),
+                                str(tmp_path))
+    assert names[0] == export.ARCHITECTURE and names[-1] == export.WEIGHTS
+    assert any(n.endswith(".weights.h5") for n in names)
+    assert sorted(export.sharded_files(str(tmp_path))) == sorted(names)
+    # Keras alone: the architecture, then the sharded weights.
+    with open(tmp_path / export.ARCHITECTURE, encoding="utf-8") as f:
+        loaded = keras.models.model_from_json(f.read())
+    loaded.load_weights(str(tmp_path / export.WEIGHTS))
+    want = surgery.gather_model(split.unsplit())
+    for a, b in zip(loaded.weights, want.weights):
+        assert a.path == b.path
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_the_form_follows_the_memory_left():
+    assert export.final_form("auto", 10, 100) == "keras"
+    assert export.final_form("auto", 40, 100) == "sharded"  # 3 x 40 > 100
+    assert export.final_form("auto", 40, None) == "keras"  # unknown: as before
+    assert export.final_form("sharded", 1, 100) == "sharded"
+    assert export.final_form("keras", 40, 100) == "keras"
+    assert export.headroom_bytes() is None or export.headroom_bytes() > 0
