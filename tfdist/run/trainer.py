@@ -449,7 +449,7 @@ class FitRun:
 
         # The adapter's callbacks first: Horovod broadcasts rank 0's (restored)
         # state before anything else runs, and averages metrics before they are recorded.
-        out = [*hooks.callbacks(self.lr, settings.optimization.warmup_epochs), counter,
+        out = [*hooks.callbacks(self.lr, settings.optimization.warmup_epochs, self.gbs), counter,
                *self.extra_callbacks, *recipe_lib.callbacks(self.recipe, self.cfg, self.writer),
                backup_cb]
         for instrument in instruments.active(settings.instruments):

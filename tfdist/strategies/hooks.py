@@ -64,12 +64,14 @@ class Hooks:
         """The model to train, from the recipe's (model parallelism splits it)."""
         return model
 
-    def callbacks(self, learning_rate: float, warmup_epochs: float = 0.0) -> list:
+    def callbacks(self, learning_rate: float, warmup_epochs: float = 0.0,
+                  global_batch_size: int = 0) -> list:
         """Extra Keras callbacks for `fit`, run before the trainer's own.
 
         Args:
             learning_rate: The run's (scaled) learning rate.
             warmup_epochs: --warmup-epochs (engines with one replica per process).
+            global_batch_size: Examples per step, all replicas (0: not known).
         """
         return []
 
@@ -101,7 +103,7 @@ class ProcessReplicaHooks(Hooks):
                                                            self.grad_compression)
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
-    def callbacks(self, learning_rate, warmup_epochs=0.0):
+    def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
         # Broadcast first (no other callback may see a rank's own init), then metrics.
         from tfdist.collectives import keras_callbacks
 

@@ -72,6 +72,14 @@ class ModelParallelHooks(Hooks):
     def transform_model(self, model):
         return self._transform(model, self.options)
 
+    def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
+        """The memory each process will hold, printed before the first step."""
+        from tfdist.model_parallel import memory_plan
+
+        copies = getattr(self, "copies", 1)
+        rows = global_batch_size // (copies * self.options.microbatches)
+        return [memory_plan.callback(rows)] if rows else []
+
 
 @register
 class ModelParallel(Adapter):

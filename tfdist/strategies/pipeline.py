@@ -100,7 +100,7 @@ class StageHooks(model_parallel.ModelParallelHooks):
         """Stages and copies, for the run's first line."""
         return {"stages": self.cluster.num_tasks // self.copies, "copies": self.copies}
 
-    def callbacks(self, learning_rate, warmup_epochs=0.0):
+    def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
         """The stage watchdog (a stopped stage ends the job, named); copies of the
         pipeline take copy 0's weights when training starts (a backup restores copy
         0's only)."""
@@ -108,8 +108,9 @@ class StageHooks(model_parallel.ModelParallelHooks):
 
         from tfdist.model_parallel import tasks
 
-        out = [tasks.watchdog(self.cluster, self.options.collective_timeout_s,
-                               stages=self.options.stages)]
+        out = [*super().callbacks(learning_rate, warmup_epochs, global_batch_size),
+               tasks.watchdog(self.cluster, self.options.collective_timeout_s,
+                              stages=self.options.stages)]
         if self.copies > 1:
             class SyncCopies(keras.callbacks.Callback):
                 def on_train_begin(self, logs=None):

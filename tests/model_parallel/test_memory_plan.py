@@ -1,0 +1,31 @@
+"""The memory each process of a split model holds in a step, read before the first step."""
+
+from __future__ import annotations
+
+from tfdist.model_parallel import memory_plan
+
+
+def test_weights_slots_gradients_and_activations_per_process():
+    import keras
+
+    from tfdist.model_parallel import pipeline
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu", name="d0")(inputs)
+    h = keras.layers.Dense(32, activation="relu", name="d1")(h)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="out")(h))
+    split = pipeline.split(model, ["/cpu:0", "/cpu:0"], microbatches=4, schedule="1f1b")
+    split.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    split.optimizer.build(split.trainable_variables)
+    (row,) = memory_plan.device_rows(split, microbatch_rows=8)
+    name, weights, optimizer, gradients, activations, in_flight = row
+    assert name == "CPU:0"
+    assert weights == 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4)
+    assert gradients == 2 * weights  # M = 4: a running sum beside one micro-batch's
+    assert 2 * weights <= optimizer <= 2 * weights + 64  # Adam's moments and its counters
+    assert activations == 4 * 8 * (32 + 32 + 4)  # each layer's output, 8 rows of float32
+    assert in_flight == 2  # 1F1B's first stage of 2 holds 2 micro-batches
+    table = memory_plan.format_rows([row]).splitlines()
+    assert table[0].split()[:3] == ["process", "weights", "optimizer"]
+    assert table[2].split()[0] == "CPU:0" and table[2].endswith("KiB")
