@@ -86,11 +86,16 @@ def _weights(dump):
     return dump_weights(np.load(os.path.join(dump, "worker0.npz")))
 
 
-def _table(out):
-    """layer -> device, from the chief's placement table ("[worker 0] hidden_0  task:0/CPU:0 ...")."""
+def _rows(out):
+    """(layer, device) rows of the chief's placement table ("[worker 0] hidden_0  task:0/CPU:0 ...")."""
     rows = [line.split()[2:4] for line in out.splitlines() if line.startswith("[worker 0] ")]
-    return {row[0]: row[1] for row in rows if len(row) == 2
-            and row[0].startswith(("hidden_", "logits"))}
+    return [(row[0], row[1]) for row in rows if len(row) == 2
+            and row[0].startswith(("hidden_", "logits"))]
+
+
+def _table(out):
+    """layer -> device, from the chief's placement table (one device per layer)."""
+    return dict(_rows(out))
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +167,9 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert "pipeline p=4 m=4 schedule=1f1b" in four
     hybrid = runs["hybrid"][2].stdout
     # Tensor parallel inside the stage tasks: each task's CPU split in 2, a shard on each.
-    assert set(_table(hybrid).values()) == {"task:0/CPU:0", "task:0/CPU:1", "task:1/CPU:0",
-                                            "task:1/CPU:1"}, hybrid[-3000:]
+    assert {device for _, device in _rows(hybrid)} == {
+        "task:0/CPU:0", "task:0/CPU:1", "task:1/CPU:0", "task:1/CPU:1"}, hybrid[-3000:]
+    assert ("hidden_0", "task:0/CPU:1") in _rows(hybrid)  # a shard on the task's second CPU
     assert ("data-parallel copy 1 of the stages: task:2/CPU:0, task:2/CPU:1, task:3/CPU:0, "
             "task:3/CPU:1") in hybrid
     assert "pipeline p=2 x 2 data-parallel copies m=2" in hybrid
