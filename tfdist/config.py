@@ -80,6 +80,9 @@ OPTIONS: dict[str, Option] = {
                         "many MB, from the last layer back, each started while the backward pass "
                         "goes on (0: one all-reduce after the backward pass; -1: the engine's "
                         "measured default, multi_worker 4, shm 0)", ge=-1, le=4096),
+    "shard_optimizer_state": Option(adapter_default("shard_optimizer_state"), "each worker keeps "
+                                    "the optimizer state of its 1/N of the variables only "
+                                    "(ZeRO-1; docs/zero.md)"),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # With --threads 1 a worker still used ~1.5 cores through the inter-op pool
@@ -294,7 +297,7 @@ def merge(recipe_defaults: Mapping[str, Any], argv: list[str], context: str) -> 
 RENAMED = {"timeout_s": "collective_timeout_s"}
 SCRIPT_OPTIONS = ("devices", "threads", "inter_op_threads", "collective",
                   "collective_timeout_s", "startup_timeout_s", "grad_compression", "bucket_mb",
-                  "microbatches", "schedule", "placement", "stages", "tensor_parallel",
+                  "shard_optimizer_state", "microbatches", "schedule", "placement", "stages", "tensor_parallel",
                   "ps_shards", "min_shard_bytes", "tf_logs")
 
 

@@ -41,6 +41,9 @@ class StrategyOptions:
             while the backward pass goes on (multi_worker, shm); 0: one
             all-reduce after the whole backward pass; -1: the engine's measured
             default (`tfdist.buckets.ENGINE_DEFAULTS_MB`).
+        shard_optimizer_state: Each worker keeps and updates the optimizer
+            state of its share of the variables only (ZeRO-1; multi_worker,
+            shm; `tfdist.zero`).
     """
 
     devices: int | None = None
@@ -57,6 +60,7 @@ class StrategyOptions:
     startup_timeout_s: float = 300.0
     grad_compression: str = "none"
     bucket_mb: float = ENGINE_DEFAULT
+    shard_optimizer_state: bool = False
 
 # The options adapters accept (`Adapter.accepts`) -> the StrategyOptions field
 # each fills: the adapters' own section of the configuration.
@@ -65,7 +69,8 @@ OPTION_FIELDS: dict[str, str] = {
     "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
     "microbatches": "microbatches", "schedule": "schedule", "placement": "placement",
     "tensor_parallel": "tensor_parallel", "stages": "stages", "ps_shards": "ps_shards",
-    "min_shard_bytes": "min_shard_bytes", "bucket_mb": "bucket_mb"}
+    "min_shard_bytes": "min_shard_bytes", "bucket_mb": "bucket_mb",
+    "shard_optimizer_state": "shard_optimizer_state"}
 
 
 def adapter_default(key: str):

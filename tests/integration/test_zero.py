@@ -1,0 +1,97 @@
+"""`--shard-optimizer-state` (ZeRO-1): N workers, each holding 1/N of the optimizer
+state, end with one replica's weights.
+
+One launched job per (strategy, N) trains the dense and the Embedding
+(attention) model with SGD + momentum, Adam, AdamW and RMSprop in sequence
+(tests/workers/equality_matrix.py through `tfdist.setup(shard_optimizer_state=True)`),
+plus Adam on the Embedding model with 2 accumulated half batches; the
+one-replica reference is one more process. Every cell must equal one replica at
+rtol 1e-5, every worker must hold the same weights, and each worker's slots must
+be its share: together exactly one replica's, none over the mean by more than
+the largest weight (`tfdist.zero.partition.owners`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import WORKERS, run_py_many, tail
+from tests.integration.test_equality_matrix import ATOL, RTOL, _assert_equal_weights, _load
+
+pytestmark = pytest.mark.integration
+
+WORKER = os.path.join(WORKERS, "equality_matrix.py")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+MODELS = "dense,attention"
+VARIANTS = "attention:adam:acc2"
+# Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
+# velocity (no momentum: its default).
+SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
+JOBS = {("shm", 2), ("shm", 4)}
+
+
+def _command(out, strategy, n):
+    args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
+    if n == 0:
+        return args
+    return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
+            "--variants", VARIANTS, "--shard-optimizer-state"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{(strategy, N): {worker: cells}}, and ("single", 0): the reference, run 2 at a time."""
+    tmp = tmp_path_factory.mktemp("zero")
+    jobs = sorted(JOBS) + [("single", 0)]
+    outs = {job: str(tmp / f"{job[0]}{job[1]}") for job in jobs}
+    procs = run_py_many([_command(outs[job], *job) for job in jobs], parallel=2, timeout=500)
+    for job, proc in zip(jobs, procs):
+        assert proc.returncode == 0, (job, tail(proc))
+    return {job: _load(outs[job]) for job in jobs}
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_sharded_workers_equal_one_replica(runs, job):
+    reference = runs[("single", 0)]["worker0"]
+    workers = runs[job]
+    assert len(workers) == job[1]
+    cells = workers["worker0"]
+    for model in MODELS.split(","):
+        for optimizer in OPTIMIZERS:
+            cell = f"{model}-{optimizer}"
+            _assert_equal_weights(cells[cell], reference[cell], cell=f"{job} {cell}")
+            for other in workers.values():  # every worker got the owners' values
+                for key, value in cells[cell].items():
+                    np.testing.assert_array_equal(other[cell][key], value, err_msg=cell)
+    # Sparse gradients, 2 accumulated half batches: the same step as one full batch.
+    _assert_equal_weights(cells["attention-adam-acc2"], reference["attention-adam"],
+                          cell=f"{job} attention-adam-acc2")
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_each_worker_holds_its_share_of_the_state(runs, job):
+    n = job[1]
+    for optimizer in OPTIMIZERS:
+        states = [json.loads(w[f"state_dense+attention-{optimizer}"]) for w in runs[job].values()]
+        total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
+        slots = [s["slot_bytes"] for s in states]
+        assert sum(slots) == total, (optimizer, slots, total)
+        bound = SLOTS_PER_WEIGHT[optimizer] * states[0]["largest"]
+        assert max(slots) <= total / n + bound, (optimizer, slots)
+        assert min(slots) > 0, slots
+
+
+def test_the_reference_moved_every_weight(runs):
+    cells = runs[("single", 0)]["worker0"]
+    for model in MODELS.split(","):
+        start = cells[f"init:{model}"]
+        for optimizer in OPTIMIZERS:
+            moved = cells[f"{model}-{optimizer}"]
+            still = min(float(np.abs(moved[k] - start[k]).max()) for k in start
+                        if k != "mha/key/bias")
+            assert still > 100 * ATOL, (model, optimizer, still)
+    assert RTOL == 1e-5
