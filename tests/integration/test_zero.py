@@ -31,7 +31,7 @@ VARIANTS = "attention:adam:acc2"
 # Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
 # velocity (no momentum: its default).
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
-JOBS = {("shm", 2), ("shm", 4)}
+JOBS = {("shm", 2), ("shm", 4), ("multi_worker", 2), ("multi_worker", 4)}
 
 
 def _command(out, strategy, n):

@@ -42,11 +42,32 @@ def test_every_variable_has_one_owner_and_the_split_is_balanced(sizes, n):
     assert partition.owners(list(sizes), n) == owner  # deterministic
 
 
+def test_rounds_pair_each_ranks_kth_largest_variable():
+    sizes = [10, 100, 50, 60, 10]
+    owner = partition.owners(sizes, 2)  # [0, 0, 1, 1, 0]
+    assert partition.rounds(sizes, owner, 2) == [[1, 3], [0, 2], [4, None]]
+    assert partition.rounds([], [], 3) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 10**6), max_size=30), st.integers(1, 6))
+def test_rounds_hold_every_variable_once_with_its_owner(sizes, n):
+    owner = partition.owners(sizes, n)
+    seen = []
+    for members in partition.rounds(sizes, owner, n):
+        assert len(members) == n
+        for rank, i in enumerate(members):
+            if i is not None:
+                assert owner[i] == rank
+                seen.append(i)
+    assert sorted(seen) == list(range(len(sizes)))
+
+
 def _info():
     return cluster.detect({})
 
 
-@pytest.mark.parametrize("strategy", ["shm"])
+@pytest.mark.parametrize("strategy", ["shm", "multi_worker"])
 def test_the_option_applies_to_data_parallel_engines(strategy):
     cfg = config.merge({}, ["--strategy", strategy, "--shard-optimizer-state"], "recipe r")
     config.check_strategy(cfg, strategy, strategies.possible_names(strategy, _info(), None))
@@ -54,7 +75,7 @@ def test_the_option_applies_to_data_parallel_engines(strategy):
 
 
 @pytest.mark.parametrize("strategy", ["single", "mirrored", "model_parallel", "pipeline",
-                                      "parameter_server", "horovod", "multi_worker"])
+                                      "parameter_server", "horovod"])
 def test_the_option_is_refused_elsewhere_with_one_line(strategy):
     cfg = config.merge({}, ["--strategy", strategy, "--shard-optimizer-state"], "recipe r")
     with pytest.raises(ConfigError) as e:

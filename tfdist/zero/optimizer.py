@@ -44,14 +44,15 @@ def _sharded_class(base: type, gather, rank: int, size: int) -> type:
         if owner is None or name == ACCUMULATOR:
             return base.add_variable_from_reference(self, reference_variable, name=name,
                                                     initializer=initializer)
-        if owner == rank:
-            slot = base.add_variable_from_reference(self, reference_variable, name=name,
-                                                    initializer=initializer)
-        else:
-            path = getattr(reference_variable, "path", reference_variable.name)
-            slot = self.add_variable(shape=(0,), initializer=initializer,
-                                     dtype=reference_variable.dtype,
-                                     name=f"{path.replace('/', '_')}_{name or 'var'}")
+        with _outside_strategy():  # this worker's own: see tfdist.zero.mwms
+            if owner == rank:
+                slot = base.add_variable_from_reference(self, reference_variable, name=name,
+                                                        initializer=initializer)
+            else:
+                path = getattr(reference_variable, "path", reference_variable.name)
+                slot = self.add_variable(shape=(0,), initializer=initializer,
+                                         dtype=reference_variable.dtype,
+                                         name=f"{path.replace('/', '_')}_{name or 'var'}")
         setattr(slot, SLOT_MARK, True)
         return slot
 
@@ -73,6 +74,17 @@ def _sharded_class(base: type, gather, rank: int, size: int) -> type:
         "_tfdist_rank": rank,
         "_tfdist_size": size,
     })
+
+
+def _outside_strategy():
+    """A scope whose variables skip the strategy's creator (a plain variable of this worker)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import resource_variable_ops
+
+    def creator(next_creator, **kwargs):
+        return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
+
+    return tf.variable_creator_scope(creator)
 
 
 def shard(distributed, gather, rank: int, size: int):

@@ -43,6 +43,25 @@ def owners(sizes: list[int], n: int) -> list[int]:
     return out
 
 
+def rounds(sizes: list[int], owner: list[int], n: int) -> list[list[int | None]]:
+    """Gather rounds: round k holds each rank's k-th largest owned variable (None when it
+    owns fewer), so the variables gathered together are of similar size (the greedy
+    split hands them out largest first) and a round's padding stays small.
+
+    Args:
+        sizes: Each variable's size.
+        owner: Each variable's rank (`owners(sizes, n)`).
+        n: Data-parallel workers.
+
+    Returns:
+        Rounds, each a list of n variable indices or None, by rank.
+    """
+    mine = [sorted((i for i, o in enumerate(owner) if o == r), key=lambda i: (-sizes[i], i))
+            for r in range(n)]
+    depth = max((len(m) for m in mine), default=0)
+    return [[m[k] if k < len(m) else None for m in mine] for k in range(depth)]
+
+
 def owned_bytes(sizes: list[int], n: int) -> list[int]:
     """Bytes (or elements) each rank owns under `owners(sizes, n)`."""
     load = [0] * n
