@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -95,3 +96,55 @@ def test_the_reference_moved_every_weight(runs):
                         if k != "mha/key/bias")
             assert still > 100 * ATOL, (model, optimizer, still)
     assert RTOL == 1e-5
+
+
+# Backups: 2 sharded shm workers train 2 epochs of digits_mlp under Adam (14 steps
+# each, backups every 4 steps and at epoch ends); copies of their model dir then
+# run to 4 epochs on 1 unsharded process and on 4 sharded workers, and must end
+# with the weights of one uninterrupted single-replica run.
+DUMP = os.path.join(WORKERS, "train_dump.py")
+BACKUP_RUN = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size", "96",
+              "--optimizer", "adam", "--learning-rate", "0.01", "--verbose", "0",
+              "--threads", "1", "--save-every-steps", "4"]
+
+
+def _train(tmp, name, n, strategy, epochs, model_dir, sharded):
+    args = [DUMP, str(tmp / f"dump-{name}"), *BACKUP_RUN, "--epochs", str(epochs),
+            "--strategy", strategy, "--model-dir", model_dir,
+            *(["--shard-optimizer-state"] if sharded else [])]
+    if n == 1:
+        return args
+    return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "300", "--", "python", *args]
+
+
+def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path):
+    from tests.weights import dump_dir_weights
+
+    first = str(tmp_path / "first")
+    procs = run_py_many([_train(tmp_path, "baseline", 1, "single", 4,
+                                str(tmp_path / "baseline"), False),
+                         _train(tmp_path, "first", 2, "shm", 2, first, True)], timeout=400)
+    for proc in procs:
+        assert proc.returncode == 0, tail(proc)
+    backups = sorted(os.listdir(os.path.join(first, "backup")))
+    newest = "ckpt-0000000028.npz"
+    # Each worker wrote the slots it owns beside the chief's backup.
+    assert {newest, f"{newest}.slots-0-of-2", f"{newest}.slots-1-of-2"} <= set(backups), backups
+    for rank in (0, 1):
+        part = np.load(os.path.join(first, "backup", f"{newest}.slots-{rank}-of-2"))
+        assert part.files and all("momentum" in k or "velocity" in k for k in part.files)
+    one, four = (str(tmp_path / n) for n in ("one", "four"))
+    for copy in (one, four):
+        shutil.copytree(first, copy)
+    procs = run_py_many([_train(tmp_path, "one", 1, "single", 4, one, False),
+                         _train(tmp_path, "four", 4, "shm", 4, four, True)], timeout=400)
+    baseline = dump_dir_weights(str(tmp_path / "dump-baseline"))[0]
+    for name, proc, workers in (("one", procs[0], 1), ("four", procs[1], 4)):
+        assert proc.returncode == 0, tail(proc)
+        assert "resumed from a 2-replica shm backup" in proc.stdout, tail(proc)
+        got = dump_dir_weights(str(tmp_path / f"dump-{name}"))
+        assert len(got) == workers
+        for weights in got:
+            assert len(weights) == len(baseline) == 4
+            for a, b in zip(weights, baseline):
+                np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)

@@ -55,7 +55,9 @@ BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 # The adapters say which (`Adapter.portable`). Tensor parallelism is not layout
 # only: it stores each weight as shards.
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
-LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement"})
+# --shard-optimizer-state too: where the optimizer state lives, not what it is (tfdist.zero).
+LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
+                    "shard_optimizer_state"})
 
 
 def run_config(cfg: dict) -> dict:
