@@ -3,6 +3,7 @@
     python tests/workers/equality_matrix.py STRATEGY OUT_DIR [--devices N]
         [--microbatches M] [--tensor-parallel T] [--models dense,attention]
         [--variants CELL,...] [--steps S] [--shard-optimizer-state]
+        [--gather-chunk-elements E]
 
 A cell is (model, optimizer): a dense MLP; a small Transformer-style model
 (Embedding with repeated tokens, so its gradient is an IndexedSlices with
@@ -151,7 +152,13 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--bucket-mb", type=float, default=None)
     parser.add_argument("--shard-optimizer-state", action="store_true")
+    parser.add_argument("--gather-chunk-elements", type=int, default=0,
+                        help="multi_worker sharding: all_gather pieces this small (0: as is)")
     args = parser.parse_args(argv)
+    if args.gather_chunk_elements:  # so these small weights go in several row ranges
+        from tfdist.zero import mwms
+
+        mwms.CHUNK_ELEMENTS = args.gather_chunk_elements
 
     import tfdist
 

@@ -63,6 +63,15 @@ def test_rounds_hold_every_variable_once_with_its_owner(sizes, n):
     assert sorted(seen) == list(range(len(sizes)))
 
 
+def test_row_chunks_cover_the_rows_in_pieces_of_at_most_the_limit():
+    assert partition.row_chunks((4096, 4096), 4 << 20) == [
+        (0, 1024), (1024, 2048), (2048, 3072), (3072, 4096)]
+    assert partition.row_chunks((10,), 4) == [(0, 4), (4, 8), (8, 10)]
+    assert partition.row_chunks((3, 1000), 10) == [(0, 1), (1, 2), (2, 3)]  # one row at least
+    assert partition.row_chunks((64, 64), 4096) == [None]  # one piece: the whole variable
+    assert partition.row_chunks((), 4) == [None]
+
+
 def _info():
     return cluster.detect({})
 

@@ -12,19 +12,26 @@ ever touches it.
 The gather runs where Keras applied the update (in replica context, or in
 cross-replica context when `tfdist.compat.keras_grad_reduction` applies an
 accumulated step there), right after the owned updates: round by
-round (`partition.rounds`, each rank's k-th largest variable), each replica
-flattens its variable of the round, pads it to the round's largest, and one
-`all_gather` brings every rank's; the received variables are assigned the
-way Keras applies an update (`extended.update`, through merge_call where the
-strategy needs it). In a `tf.function` the collectives and assigns run in
-program order, so one round's buffers are alive at a time.
+round (`partition.rounds`, each rank's k-th largest variable), in row ranges
+of at most `CHUNK_ELEMENTS` (`partition.row_chunks`), each replica flattens
+its piece, pads it to the largest, and one `all_gather` brings every rank's;
+the received rows are assigned the way Keras applies an update
+(`extended.update`, through merge_call where the strategy needs it). In a
+`tf.function` the collectives and assigns run in program order, so one
+piece's buffers are alive at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from tfdist.zero import partition
+
+# Elements each rank puts in one all_gather (16 MB of float32): a round's big variables go
+# in row ranges of this size, so one such piece per rank is alive at a time, not N variables.
+CHUNK_ELEMENTS = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +39,6 @@ class ReplicaGather:
     """Sets every variable to its owner's value (hashable: a sharded optimizer's class attribute)."""
 
     def __call__(self, variables, owners, rank):
-        import numpy as np
         import tensorflow as tf
 
         strategy = tf.distribute.get_strategy()
@@ -51,14 +57,32 @@ class ReplicaGather:
 
 
 def _gather_round(strategy, ctx, members, rank: int) -> None:
-    """One all_gather: member q (rank q's variable, or None) reaches every rank."""
+    """Member q (rank q's variable, or None) reaches every rank, in all_gathers of at most
+    `CHUNK_ELEMENTS` per rank: row ranges, each assigned as it arrives."""
+    plans = [None if v is None else partition.row_chunks(tuple(v.shape), CHUNK_ELEMENTS)
+             for v in members]
+    for j in range(max(len(p) for p in plans if p is not None)):
+        _gather_piece(strategy, ctx, [None if v is None or j >= len(p) else (v, p[j])
+                                      for v, p in zip(members, plans)], rank)
+
+
+def _gather_piece(strategy, ctx, pieces, rank: int) -> None:
+    """One all_gather of each rank's piece (variable, rows or None), padded to the largest."""
     import tensorflow as tf
 
-    sizes = [0 if v is None else v.shape.num_elements() for v in members]
+    def read(piece):
+        v, rows = piece
+        return v.value if rows is None else v.value[rows[0]:rows[1]]
+
+    def shape(piece):
+        v, rows = piece
+        return list(v.shape) if rows is None else [rows[1] - rows[0], *v.shape[1:]]
+
+    sizes = [0 if p is None else int(np.prod(shape(p), dtype=np.int64)) for p in pieces]
     width = max(sizes)
-    dtype = next(v for v in members if v is not None).dtype
-    mine = members[rank]
-    flat = tf.zeros([0], dtype) if mine is None else tf.reshape(mine.value, [-1])
+    dtype = next(p for p in pieces if p is not None)[0].dtype
+    mine = pieces[rank]
+    flat = tf.zeros([0], dtype) if mine is None else tf.reshape(read(mine), [-1])
     if sizes[rank] < width:
         flat = tf.concat([flat, tf.zeros([width - sizes[rank]], dtype)], 0)
     if ctx is not None:
@@ -67,10 +91,10 @@ def _gather_round(strategy, ctx, members, rank: int) -> None:
         gathered = strategy.gather(
             strategy.experimental_distribute_values_from_function(lambda _: flat), axis=0)
     targets, values = [], []
-    for q, v in enumerate(members):
-        if v is not None and q != rank:
-            targets.append(v.value)
-            values.append(tf.reshape(gathered[q * width:q * width + sizes[q]], v.shape))
+    for q, p in enumerate(pieces):
+        if p is not None and q != rank:
+            targets.append((p[0].value, p[1]))
+            values.append(tf.reshape(gathered[q * width:q * width + sizes[q]], shape(p)))
     if targets and ctx is None:
         _assign(strategy, targets, values)
     elif targets:
@@ -78,7 +102,10 @@ def _gather_round(strategy, ctx, members, rank: int) -> None:
 
 
 def _assign(distribution, targets, values):
-    """Assigns each value to its (mirrored) variable on every local replica."""
-    for variable, value in zip(targets, values):
-        distribution.extended.update(variable, lambda v, x: v.assign(x), args=(value,),
-                                     group=False)
+    """Assigns each value to its (mirrored) variable's rows on every local replica."""
+    for (variable, rows), value in zip(targets, values):
+        if rows is None:
+            fn = lambda v, x: v.assign(x)  # noqa: E731
+        else:
+            fn = lambda v, x, r=rows: v[r[0]:r[1]].assign(x)  # noqa: E731
+        distribution.extended.update(variable, fn, args=(value,), group=False)

@@ -62,6 +62,20 @@ def rounds(sizes: list[int], owner: list[int], n: int) -> list[list[int | None]]
     return [[m[k] if k < len(m) else None for m in mine] for k in range(depth)]
 
 
+def row_chunks(shape: tuple, max_elements: int) -> list[tuple[int, int] | None]:
+    """Row ranges [r0, r1) of at most `max_elements` each (at least one row) covering a
+    variable of `shape`; [None] when one piece is the whole variable (or it has no rows)."""
+    if len(shape) == 0 or shape[0] == 0:
+        return [None]
+    rows, row = shape[0], 1
+    for d in shape[1:]:
+        row *= d
+    step = max(1, max_elements // max(row, 1))
+    if step >= rows:
+        return [None]
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
 def owned_bytes(sizes: list[int], n: int) -> list[int]:
     """Bytes (or elements) each rank owns under `owners(sizes, n)`."""
     load = [0] * n
