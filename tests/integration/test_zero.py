@@ -7,8 +7,9 @@ One launched job per (strategy, N) trains the dense and the Embedding
 plus Adam on the Embedding model with 2 accumulated half batches; the
 one-replica reference is one more process. Every cell must equal one replica at
 rtol 1e-5 (multi_worker gathering the weights in row ranges of 100 elements),
-every worker must hold the same weights, and each worker's slots must be its share: together exactly one replica's, none over the mean by more than
-the largest weight (`tfdist.zero.partition.owners`).
+every worker must hold the same weights, and each worker's slots must be its
+share: together exactly one replica's, none over the mean by more than the
+largest weight (`tfdist.zero.partition.owners`). The backup test is at the end.
 """
 
 from __future__ import annotations

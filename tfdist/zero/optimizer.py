@@ -64,8 +64,15 @@ def _sharded_class(base: type, gather, rank: int, size: int) -> type:
                                       [trainable_variables[i] for i in mine], learning_rate)
         gather(list(trainable_variables), owner_of, rank)
 
+    def save_own_variables(self, store):
+        # A saved model is whole: it keeps the shared variables, not this worker's share
+        # of the slots (Keras then skips the optimizer's variables on load, with a warning).
+        for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
+            store[str(i)] = variable.numpy()
+
     return type(base.__name__, (base,), {
         "build": build,
+        "save_own_variables": save_own_variables,
         "add_variable_from_reference": add_variable_from_reference,
         "_backend_update_step": _backend_update_step,
         "__module__": base.__module__,
