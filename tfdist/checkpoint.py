@@ -181,7 +181,7 @@ class BackupStore:
         return path
 
     def _save_part(self, path: str, slots) -> None:
-        """This worker's slots beside the backup at `path`, atomically (any worker writes its own)."""
+        """This worker's slots beside the backup at `path`, atomically (each worker its own)."""
         rank, n = self.shard
         target = zero_backup.part_path(path, rank, n)
         os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -297,7 +297,8 @@ def merge(recipe_defaults: Mapping[str, Any], argv: list[str], context: str) -> 
 RENAMED = {"timeout_s": "collective_timeout_s"}
 SCRIPT_OPTIONS = ("devices", "threads", "inter_op_threads", "collective",
                   "collective_timeout_s", "startup_timeout_s", "grad_compression", "bucket_mb",
-                  "shard_optimizer_state", "microbatches", "schedule", "placement", "stages", "tensor_parallel",
+                  "shard_optimizer_state",
+                  "microbatches", "schedule", "placement", "stages", "tensor_parallel",
                   "ps_shards", "min_shard_bytes", "tf_logs")
 
 

@@ -23,7 +23,8 @@ def test_bad_flags_are_refused_before_anything_runs(kw, message):
 
 
 def _result():
-    row = {"strategy": "shm", "peak_bytes": [3000 * MIB] * 2, "sharded_peak_bytes": [1700 * MIB] * 2,
+    row = {"strategy": "shm", "peak_bytes": [3000 * MIB] * 2,
+           "sharded_peak_bytes": [1700 * MIB] * 2,
            "saved_bytes": [1300 * MIB] * 2, "saved_over_expected": 3.4, "step_s": 4.0,
            "sharded_step_s": 2.0, "step_ratio": 0.5}
     return {"model": "m", "workers": 2, "state_bytes": 514 * MIB,

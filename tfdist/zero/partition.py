@@ -12,8 +12,6 @@ from tfdist.errors import ConfigError
 # moments and RMS scaling, Muon's orthogonalisation), by lower-case name; the same
 # set tensor parallel refuses (`tfdist.model_parallel.tensor_parallel.WHOLE_WEIGHT_OPTIMIZERS`).
 WHOLE_WEIGHT = ("lamb", "adafactor", "muon")
-# Strategies whose data-parallel engine can gather the updated weights from their owners.
-SHARDING_STRATEGIES = ("shm", "multi_worker")
 
 
 def owners(sizes: list[int], n: int) -> list[int]:
