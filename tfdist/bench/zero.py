@@ -63,7 +63,7 @@ def _state_bytes(model_text: str) -> list[int]:
     name, *argv = shlex.split(model_text)
     module = recipe_lib.load(name)
     cfg = config.merge(module.DECLARED, argv, f"recipe {name}")
-    per = SLOTS_PER_WEIGHT[cfg["optimizer"]]
+    per = SLOTS_PER_WEIGHT[cfg.typed.optimization.optimizer]
     import_tensorflow()
     model = recipe_lib.build_model(module, cfg)
     from tfdist.zero.optimizer import variable_bytes
