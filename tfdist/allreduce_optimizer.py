@@ -176,8 +176,15 @@ def _agreeing_loss_scale_class() -> type:
     def check_finite(self, grads):
         return self._tfdist_all_true(base.check_finite(self, grads))
 
+    def save_own_variables(self, store):
+        # A sharded inner optimizer's slots are its worker's share: a saved model keeps
+        # the shared variables only (as `tfdist.zero.optimizer` does without loss scaling).
+        for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
+            store[str(i)] = variable.numpy()
+
     return type(base.__name__, (base,), {
         "check_finite": check_finite,
+        "save_own_variables": save_own_variables,
         "__module__": base.__module__,
         "__doc__": "LossScaleOptimizer that skips a step on every process when any "
                    "process's gradients are not finite.",
