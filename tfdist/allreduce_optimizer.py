@@ -22,6 +22,7 @@ from typing import Callable
 
 from tfdist import compression as compression_lib
 from tfdist.compat import horovod_keras
+from tfdist.zero.optimizer import is_shard_slot
 
 
 @functools.cache
@@ -154,13 +155,14 @@ def state_variables(model, optimizer=None) -> list:
     The optimizer (`model.optimizer` when None) is built on the model's
     trainable variables first if it is not, so that its slots (momentum,
     iterations) exist on every process and go too. Same order everywhere.
+    A sharded optimizer's slots (`tfdist.zero`) are each worker's own and stay.
     """
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     variables = list(model.variables)
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        variables += list(optimizer.variables)
+        variables += [v for v in optimizer.variables if not is_shard_slot(v)]
     return variables
 
 
@@ -174,8 +176,15 @@ def _agreeing_loss_scale_class() -> type:
     def check_finite(self, grads):
         return self._tfdist_all_true(base.check_finite(self, grads))
 
+    def save_own_variables(self, store):
+        # A sharded inner optimizer's slots are its worker's share: a saved model keeps
+        # the shared variables only (as `tfdist.zero.optimizer` does without loss scaling).
+        for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
+            store[str(i)] = variable.numpy()
+
     return type(base.__name__, (base,), {
         "check_finite": check_finite,
+        "save_own_variables": save_own_variables,
         "__module__": base.__module__,
         "__doc__": "LossScaleOptimizer that skips a step on every process when any "
                    "process's gradients are not finite.",

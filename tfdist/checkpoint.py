@@ -24,6 +24,8 @@ from tfdist.model_dir import BACKUP_DIR
 
 
 from tfdist.writer import ChiefWriter
+from tfdist.zero import backup as zero_backup
+from tfdist.zero.optimizer import is_shard_slot
 
 
 # A backup is one .npz file, written by the chief only, atomically, holding
@@ -33,7 +35,9 @@ from tfdist.writer import ChiefWriter
 # signature, global batch, and, for the record only, the strategy and replica
 # count) and a SHA-256 of the arrays. Values are
 # read from mirrored variables locally, which needs no collective, so other
-# workers never write anything, not even to a temporary place.
+# workers never write anything, not even to a temporary place; except under
+# --shard-optimizer-state, where each worker writes the optimizer slots it owns
+# beside it, and the chief's file holds the rest (`tfdist.zero.backup`).
 
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
@@ -133,8 +137,9 @@ class BackupStore:
         keep: How many of the newest backups to keep (older ones are removed).
     """
 
-    def __init__(self, writer: ChiefWriter, keep: int = 3):
+    def __init__(self, writer: ChiefWriter, keep: int = 3, shard: tuple[int, int] | None = None):
         self.writer = writer
+        self.shard = shard  # (rank, workers) of a sharded optimizer: see tfdist.zero.backup
         self.directory = writer.path(BACKUP_DIR)
         self.keep = max(1, keep)
         self.skipped: list[tuple[str, str]] = []  # (path, why) passed over by `resume`
@@ -167,6 +172,12 @@ class BackupStore:
             meta: What identifies the run (recipe, global_batch_size, ...) and
                 what ran it (strategy, num_replicas), recorded as given.
         """
+        shared = [v for v in optimizer_vars if not is_shard_slot(v)]
+        if self.shard is not None:  # every worker writes the slots it owns, the chief the rest
+            self._save_part(self.path_for(state.global_step),
+                            [v for v in optimizer_vars if is_shard_slot(v) and _size(v)])
+            meta = {**meta, "slot_parts": self.shard[1]}
+            optimizer_vars = shared
         if not self.writer.is_chief:
             return None  # not even the arrays are read: nothing to write them to
         # One array at a time: read, hash, write, drop, so the chief never holds a copy
@@ -195,7 +206,21 @@ class BackupStore:
         path = self.writer.write_file(self.path_for(state.global_step), write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:
             self.writer.remove(old)
+            for part in zero_backup.existing_parts(old):
+                self.writer.remove(part)
         return path
+
+    def _save_part(self, path: str, slots) -> None:
+        """This worker's slots beside the backup at `path`, atomically (each worker its own)."""
+        rank, n = self.shard
+        target = zero_backup.part_path(path, rank, n)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.tmp{os.getpid()}"
+        with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED,
+                             allowZip64=True) as npz:
+            for v in slots:  # one array at a time, as `save`
+                _write_npy(npz, zero_backup.key(v), np.asarray(v.numpy()))
+        os.replace(tmp, target)
 
     @staticmethod
     def load(path: str) -> tuple[dict, dict]:
@@ -260,8 +285,9 @@ class BackupStore:
                     f"{record.get(key)!r} but this run has {key}={expected[key]!r}. {hint}")
         order = {}
         signatures = {"model": (record.get("model_signature", []), expected["model_signature"])}
-        signatures["optimizer"] = (record.get("optimizer_signature", []),
-                                   expected["optimizer_signature"])
+        if "optimizer_signature" in expected:  # else matched by name (a sharded optimizer's)
+            signatures["optimizer"] = (record.get("optimizer_signature", []),
+                                       expected["optimizer_signature"])
         sharded = any(len(e) > 3 for got, want in signatures.values() for e in got + want)
         for what, (got, want) in signatures.items():
             by_path = match_by_path(got, want)
@@ -321,6 +347,7 @@ class BackupStore:
         for path in reversed(paths):
             try:
                 record, arrays = self.load(path)
+                _check_parts(path, record)
                 break
             except CheckpointError as e:
                 self.skipped.append((path, str(e)))
@@ -330,16 +357,22 @@ class BackupStore:
             return None, None
         for bad, _ in self.skipped:
             self.writer.move_aside(bad, CORRUPT_SUFFIX)
-        order = self.check_compatible(path, record, {
-            **meta, "model_signature": signature(model_vars),
-            "optimizer_signature": signature(optimizer_vars)}, batch_change_ok)
+        by_name = bool(record.get("slot_parts")) or any(is_shard_slot(v) for v in optimizer_vars)
+        expected = {**meta, "model_signature": signature(model_vars)}
+        if not by_name:  # else each optimizer variable is found by name in `restore_by_name`
+            expected["optimizer_signature"] = signature(optimizer_vars)
+        order = self.check_compatible(path, record, expected, batch_change_ok)
         state = TrainState(**record["state"])
         self.record = record
         same_batch = record.get("global_batch_size") == meta.get("global_batch_size")
         if "steps_per_epoch" in meta and same_batch:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
-            self.restore(arrays, model_vars, optimizer_vars, order)
+            if by_name:
+                self.restore(arrays, model_vars, [], order)
+                restore_by_name(path, record, arrays, optimizer_vars)
+            else:
+                self.restore(arrays, model_vars, optimizer_vars, order)
         return state, path
 
     @staticmethod
@@ -357,6 +390,50 @@ class BackupStore:
                     v.assign(reshard.assemble(step, lambda i, p=prefix: arrays[f"{p}_{i}"]))
                 else:
                     v.assign(arrays[f"{prefix}_{step}"])
+
+
+def _size(variable) -> int:
+    return int(np.prod(variable.shape, dtype=np.int64))
+
+
+def _check_parts(path: str, record: dict) -> None:
+    """Raises CheckpointError when a part file of a sharded backup is missing."""
+    n = record.get("slot_parts")
+    missing = [p for p in zero_backup.part_paths(path, n) if not os.path.exists(p)] if n else []
+    if missing:
+        raise CheckpointError(f"Backup {path} is incomplete: the optimizer state of "
+                              f"{len(missing)} of its {n} workers is missing ({missing[0]}).")
+
+
+def restore_by_name(path: str, record: dict, arrays: dict, optimizer_vars) -> None:
+    """Assigns a backup's arrays to the optimizer variables, each found by path: the
+    backup's own, then its workers' part files, reading only what is held here (a
+    zero-size slot, another worker's, reads nothing).
+
+    Raises:
+        CheckpointError: naming an optimizer variable the backup lacks or holds in
+            another shape.
+    """
+    own = {sig[0]: arrays[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])}
+    parts = [np.load(p, allow_pickle=False)
+             for p in zero_backup.part_paths(path, record.get("slot_parts") or 0)]
+    try:
+        where = {k: part for part in parts for k in part.files}
+        for v in optimizer_vars:
+            if not _size(v):
+                continue
+            name = zero_backup.key(v)
+            value = own[name] if name in own else where[name][name] if name in where else None
+            if value is None or tuple(value.shape) != tuple(v.shape):
+                found = "absent" if value is None else f"of shape {list(value.shape)}"
+                raise CheckpointError(
+                    f"Backup {path} cannot be resumed: optimizer variable {name!r} "
+                    f"({list(v.shape)}) is {found} in it. Use another --model-dir, or pass "
+                    "--no-resume to start fresh there.")
+            v.assign(value)
+    finally:
+        for part in parts:
+            part.close()
 
 
 def check_layout(path: str, record: dict, state: TrainState, steps_per_epoch: int) -> None:

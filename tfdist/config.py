@@ -72,7 +72,7 @@ OPTIONS: dict[str, Option] = {
                         "STRATEGY-Pst[-Ccp]; named from what runs and its layout: tfdist.run.run_dir)"),
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
     **_adapter("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression",
-               "bucket_mb"),
+               "bucket_mb", "shard_optimizer_state"),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # --threads sizes only the intra-op pool: a worker held to one core needs 1 here too.

@@ -176,7 +176,8 @@ def setup(strategy: str = "auto", **options) -> Distributed:
             says what each means): every field of `tfdist.strategies.StrategyOptions`
             (`devices`: local replicas, GPUs or the CPU split into this many;
             `collective`, `collective_timeout_s`, `startup_timeout_s`,
-            `grad_compression`, `bucket_mb`, `microbatches`, `schedule`,
+            `grad_compression`, `bucket_mb`, `shard_optimizer_state` (`tfdist.zero`),
+            `microbatches`, `schedule`,
             `placement`, `stages`, `tensor_parallel`, `ps_shards`,
             `min_shard_bytes`), and `threads`, `inter_op_threads`, `tf_logs` (show
             TensorFlow's C++ start-up lines): `tfdist.config.SCRIPT_OPTIONS`.

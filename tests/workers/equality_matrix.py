@@ -2,7 +2,8 @@
 
     python tests/workers/equality_matrix.py STRATEGY OUT_DIR [--devices N]
         [--microbatches M] [--tensor-parallel T] [--models dense,attention]
-        [--variants CELL,...] [--steps S]
+        [--variants CELL,...] [--steps S] [--shard-optimizer-state]
+        [--gather-chunk-elements E]
 
 A cell is (model, optimizer): a dense MLP; a small Transformer-style model
 (Embedding with repeated tokens, so its gradient is an IndexedSlices with
@@ -23,7 +24,9 @@ weights of each tower (keys are the variables' paths without the model's
 prefix; a tensor-parallel model's shards gathered into the plain layers'
 weights), or {model}-{optimizer}.refused with the text of the strategy's
 refusal; {model}.init with each model's initial weights; and, for a split
-model, split.layers naming each layer's class (tensor-parallel or plain).
+model, split.layers naming each layer's class (tensor-parallel or plain); and
+state_{models}-{optimizer}[-{what}].state with the row's optimizer-state bytes
+(`save_state_bytes`).
 """
 
 from __future__ import annotations
@@ -148,14 +151,22 @@ def main(argv=None):
     parser.add_argument("--variants", default="")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--bucket-mb", type=float, default=None)
+    parser.add_argument("--shard-optimizer-state", action="store_true")
+    parser.add_argument("--gather-chunk-elements", type=int, default=0,
+                        help="multi_worker sharding: all_gather pieces this small (0: as is)")
     args = parser.parse_args(argv)
+    if args.gather_chunk_elements:  # so these small weights go in several row ranges
+        from tfdist.zero import mwms
+
+        mwms.CHUNK_ELEMENTS = args.gather_chunk_elements
 
     import tfdist
 
     dist = tfdist.setup(args.strategy, devices=args.devices, threads=1,
                         microbatches=args.microbatches, schedule=args.schedule,
                         tensor_parallel=args.tensor_parallel,
-                        **({} if args.bucket_mb is None else {"bucket_mb": args.bucket_mb}))
+                        **({} if args.bucket_mb is None else {"bucket_mb": args.bucket_mb}),
+                        **({"shard_optimizer_state": True} if args.shard_optimizer_state else {}))
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
@@ -201,6 +212,24 @@ def train_cell(dist, kinds, name, steps, accumulate, stem):
                       repeat=False)
     model.fit(data, epochs=1, callbacks=dist.callbacks(), verbose=0, shuffle=False)
     save_towers(model, kinds, stem)
+    row = os.path.basename(stem.format(kind="+".join(kinds)))[:-len(".npz")]
+    save_state_bytes(model, os.path.join(os.path.dirname(stem), f"state_{row}.state"))
+
+
+def save_state_bytes(model, path):
+    """PATH (OUT/state_KINDS-OPTIMIZER[-WHAT].state, KINDS joined by +): this worker's
+    bytes of sharded optimizer slots, of trainable weights, and its largest weight
+    (JSON), to show how a sharded optimizer split its state."""
+    import json
+
+    from tfdist.zero.optimizer import is_shard_slot, variable_bytes
+
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    sizes = [variable_bytes(v) for v in model.trainable_variables]
+    with open(path, "w") as f:
+        json.dump({"slot_bytes": sum(variable_bytes(v) for v in optimizer.variables
+                                     if is_shard_slot(v)),
+                   "weight_bytes": sum(sizes), "largest": max(sizes)}, f)
 
 
 @contextlib.contextmanager

@@ -25,4 +25,5 @@ SUBCOMMANDS: dict[str, str] = {
     "collectives": "tfdist.bench.collectives",
     "comm": "tfdist.bench.comm",
     "overlap": "tfdist.bench.overlap",
+    "zero": "tfdist.bench.zero",
 }

@@ -161,25 +161,22 @@ def finish(model, test_ds, metrics: dict, writer: ChiefWriter, cluster, recipe=N
 def save_final(model, writer: ChiefWriter, asked: str = "auto") -> str:
     """The chief writes the trained model: model.keras, or (a model larger than this
     process, or --final-weights sharded) model.json + model.weights.json and its shards
-    (`tfdist.model_parallel.export`); the other form's files are removed. Returns what
+    (`tfdist.final_weights`); the other form's files are removed. Returns what
     it wrote, in words."""
-    from tfdist.model_parallel import export
+    from tfdist import final_weights as fw
 
     unsplit = getattr(model, "unsplit", None)
     source = unsplit() if unsplit else model
-    form = export.final_form(asked, export.weight_bytes(source), export.headroom_bytes()
-                             if asked == "auto" and writer.is_chief else None)
-    if form == "keras":
-        for name in export.sharded_files(writer.model_dir):
+    headroom = fw.headroom_bytes() if asked == "auto" and writer.is_chief else None
+    if fw.final_form(asked, fw.weight_bytes(source), headroom) == "keras":
+        for name in fw.sharded_files(writer.model_dir):
             writer.remove(name)
         writer.save_model(model)
         return writer.path("model.keras")
     architecture = getattr(model, "plain_json", None) or model.to_json()
-    writer.write_files(lambda tmp: export.save_sharded(architecture, export.values_of(source),
-                                                       tmp))
+    writer.write_files(lambda tmp: fw.save_sharded(architecture, fw.values_of(source), tmp))
     writer.remove("model.keras")
-    return (f"{writer.path(export.ARCHITECTURE)} and {writer.path(export.WEIGHTS)} "
-            "(sharded weights)")
+    return f"{writer.path(fw.ARCHITECTURE)} and {writer.path(fw.WEIGHTS)} (sharded weights)"
 
 
 def recipe_metrics(recipe, model, cfg: dict, metrics: dict) -> dict:

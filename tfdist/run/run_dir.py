@@ -55,8 +55,9 @@ BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 # The adapters say which (`Adapter.portable`). Tensor parallelism is layout too: a
 # backup records each shard's slice of its weight (`tfdist.reshard`).
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
+# --shard-optimizer-state too: where the optimizer state lives, not what it is (tfdist.zero).
 LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
-                    "tensor_parallel"})
+                    "tensor_parallel", "shard_optimizer_state"})
 
 
 def run_config(cfg: dict) -> dict:

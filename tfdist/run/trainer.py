@@ -402,7 +402,10 @@ class FitRun:
         """The newest backup's weights, optimizer state and data position, if any."""
         cluster, dist, backup_s = self.cluster, self.dist, self.settings.backup
         name, replicas, gbs = dist.name, dist.num_replicas, self.gbs
-        self.store = store = BackupStore(self.writer, keep=backup_s.keep)
+        from tfdist.zero.backup import shard_of
+
+        self.store = store = BackupStore(self.writer, keep=backup_s.keep,
+                                         shard=shard_of(self.optimizer))
         # The strategy and replica count are recorded, not matched (see check_compatible).
         self.meta = {"recipe": self.recipe.RECIPE_NAME, "strategy": name,
                      "num_replicas": replicas, "global_batch_size": gbs,

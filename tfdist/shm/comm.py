@@ -531,15 +531,30 @@ class Communicator:
         # result[] is rewritten by the next block's step 2 only after every
         # rank passed that block's first barrier, i.e. finished this step 3.
 
-    def broadcast(self, arrays, root: int = 0):
-        """Every rank gets `root`'s arrays (same shapes and dtypes everywhere)."""
+    def broadcast(self, arrays, root: int = 0, out=None):
+        """Every rank gets `root`'s arrays (same shapes and dtypes everywhere).
+
+        Args:
+            arrays: Numpy arrays; only the root's values are read.
+            root: The rank whose values everyone gets.
+            out: Optional writable C-contiguous arrays, one per input, to receive
+                them (on the root, an output that is its input is left as is).
+
+        Returns:
+            The arrays holding `root`'s values (`out` when given).
+        """
         outs = []
-        for a in arrays:
+        for i, a in enumerate(arrays):
             a = _contiguous(a)
-            out = a.copy()
+            if out is None:
+                out_i = a.copy()
+            else:
+                out_i = out[i]
+                if self.rank == root and out_i is not a:
+                    np.copyto(out_i, a)
             if self.size > 1:
                 self._begin(BROADCAST, root, a.dtype, [a.shape], a.size)
-                flat, dst = a.reshape(-1), out.reshape(-1)
+                flat, dst = a.reshape(-1), out_i.reshape(-1)
                 region = self._mail.reshape(-1)
                 step = max(1, region.nbytes // a.itemsize)
                 for lo in range(0, max(1, flat.size), step):
@@ -551,7 +566,7 @@ class Communicator:
                     if self.rank != root:
                         dst[lo:hi] = view
                     self._sync()
-            outs.append(out)
+            outs.append(out_i)
         return outs
 
     def close(self) -> None:

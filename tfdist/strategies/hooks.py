@@ -86,9 +86,11 @@ class ProcessReplicaHooks(Hooks):
     supply `_distributed`, `_all_true` and `_engine_collectives`.
     """
 
-    def __init__(self, cluster, grad_compression: str = "none"):
+    def __init__(self, cluster, grad_compression: str = "none",
+                 shard_optimizer_state: bool = False):
         self.cluster = cluster
         self.grad_compression = grad_compression
+        self.shard_optimizer_state = shard_optimizer_state
 
     def num_replicas(self, strategy) -> int:
         return self.cluster.num_workers
@@ -101,6 +103,11 @@ class ProcessReplicaHooks(Hooks):
 
         distributed = allreduce_optimizer.with_compression(self._distributed(optimizer),
                                                            self.grad_compression)
+        if self.shard_optimizer_state:
+            from tfdist.zero.optimizer import shard
+
+            distributed = shard(distributed, self._owner_gather(), self.cluster.worker_index,
+                                self.cluster.num_workers)
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
     def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
@@ -124,6 +131,10 @@ class ProcessReplicaHooks(Hooks):
 
     def _all_true(self, flag):  # pragma: no cover - interface
         """True on every rank when the scalar boolean tensor `flag` is True on all."""
+        raise NotImplementedError
+
+    def _owner_gather(self):  # pragma: no cover - interface
+        """The engine's hashable `gather(variables, owners, rank)` (`tfdist.zero.optimizer`)."""
         raise NotImplementedError
 
     def _make_collectives(self, strategy):

@@ -23,7 +23,7 @@ import time
 from tfdist import buckets
 from tfdist.errors import ClusterError, ConfigError, PeerLostError
 from tfdist.ps.net import reachable
-from tfdist.strategies import Adapter, register
+from tfdist.strategies import Adapter, Hooks, register
 from tfdist.strategies.options import IMPLEMENTATIONS
 
 
@@ -181,6 +181,32 @@ def build(cluster, options):
                            f"{own_address(cluster)}: {str(e).splitlines()[0][:200]}\n{_HINT}") from None
 
 
+class MultiWorkerHooks(Hooks):
+    """The trainer's hooks under MultiWorkerMirroredStrategy: with `shard_optimizer_state`,
+    the optimizer keeps the state of this worker's variables only (`tfdist.zero.mwms`)."""
+
+    def __init__(self, cluster, shard_optimizer_state: bool = False):
+        self.cluster = cluster
+        self.shard_optimizer_state = shard_optimizer_state
+
+    def wrap_optimizer(self, optimizer):
+        if not self.shard_optimizer_state:
+            return optimizer
+        import tensorflow as tf
+
+        from tfdist.zero.mwms import ReplicaGather
+        from tfdist.zero.optimizer import shard
+
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas != self.cluster.num_workers:
+            raise ConfigError(
+                f"--shard-optimizer-state under multi_worker splits the state by worker and "
+                f"needs one replica per worker. Received: {replicas} replicas on "
+                f"{self.cluster.num_workers} workers. Run one device per worker.")
+        return shard(optimizer, ReplicaGather(), self.cluster.worker_index,
+                     self.cluster.num_workers)
+
+
 @register
 class MultiWorker(Adapter):
     """One replica group across processes (MultiWorkerMirroredStrategy)."""
@@ -188,13 +214,16 @@ class MultiWorker(Adapter):
     name = "multi_worker"
     portable = True
     accepts = ("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression",
-               "bucket_mb")
+               "bucket_mb", "shard_optimizer_state")
     sync_workers = True
 
     @classmethod
     def check_config(cls, settings, cluster):
         super().check_config(settings, cluster)
         buckets.resolve(settings.adapter.bucket_mb, "multi_worker")  # a bad size, refused
+        from tfdist.zero import partition
+
+        partition.check_config(settings)
         check_own_port(cluster)  # a busy port, before TensorFlow starts
 
     def startup_note(self):
@@ -206,3 +235,6 @@ class MultiWorker(Adapter):
 
     def build(self):
         return build(self.cluster, self.options)
+
+    def hooks(self) -> Hooks:
+        return MultiWorkerHooks(self.cluster, self.options.shard_optimizer_state)

@@ -47,16 +47,23 @@ class ShmHooks(ProcessReplicaHooks):
         cluster: The discovered cluster.
         grad_compression: As `--grad-compression`.
         bucket_mb: As `--bucket-mb` (overlap buckets; 0: one all-reduce).
+        shard_optimizer_state: As `--shard-optimizer-state` (`tfdist.zero`).
     """
 
-    def __init__(self, cluster, grad_compression: str = "none", bucket_mb: float = 0.0):
-        super().__init__(cluster, grad_compression)
+    def __init__(self, cluster, grad_compression: str = "none", bucket_mb: float = 0.0,
+                 shard_optimizer_state: bool = False):
+        super().__init__(cluster, grad_compression, shard_optimizer_state)
         self.bucket_mb = bucket_mb
 
     def _distributed(self, optimizer):
         from tfdist.shm import DistributedOptimizer
 
         return DistributedOptimizer(optimizer, bucket_mb=self.bucket_mb)
+
+    def _owner_gather(self):
+        from tfdist.shm.gather import OwnerGather
+
+        return OwnerGather()
 
     def _all_true(self, flag):
         from tfdist.shm.ops import all_true
@@ -78,7 +85,7 @@ class Shm(Adapter):
 
     name = "shm"
     portable = True
-    accepts = ("collective_timeout_s", "grad_compression", "bucket_mb")
+    accepts = ("collective_timeout_s", "grad_compression", "bucket_mb", "shard_optimizer_state")
     process_replicas = True
     sync_workers = True
 
@@ -90,8 +97,10 @@ class Shm(Adapter):
     def check_config(cls, settings, cluster):
         super().check_config(settings, cluster)
         from tfdist import buckets
+        from tfdist.zero import partition
 
         buckets.resolve(settings.adapter.bucket_mb, "shm")  # a bad size, refused
+        partition.check_config(settings)
         if cluster.is_multi_worker:
             from tfdist.shm import runtime
 
@@ -104,4 +113,5 @@ class Shm(Adapter):
         from tfdist import buckets
 
         return ShmHooks(self.cluster, self.options.grad_compression,
-                        buckets.resolve(self.options.bucket_mb, "shm"))
+                        buckets.resolve(self.options.bucket_mb, "shm"),
+                        self.options.shard_optimizer_state)

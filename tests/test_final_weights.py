@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from tfdist.model_parallel import export
+from tfdist import final_weights as export
 
 
 def _model(keras):

@@ -1,0 +1,153 @@
+"""`--shard-optimizer-state` (ZeRO-1): N workers, each holding 1/N of the optimizer
+state, end with one replica's weights.
+
+One launched job per (strategy, N) trains the dense and the Embedding
+(attention) model with SGD + momentum, Adam, AdamW and RMSprop in sequence
+(tests/workers/equality_matrix.py through `tfdist.setup(shard_optimizer_state=True)`),
+plus Adam on the Embedding model with 2 accumulated half batches; the
+one-replica reference is one more process. Every cell must equal one replica at
+rtol 1e-5 (multi_worker gathering the weights in row ranges of 100 elements),
+every worker must hold the same weights, and each worker's slots must be its
+share: together exactly one replica's, none over the mean by more than the
+largest weight (`tfdist.zero.partition.owners`). The backup test is at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.conftest import WORKERS, run_py_many, tail
+from tests.integration.test_equality_matrix import ATOL, RTOL, _assert_equal_weights, _load
+
+pytestmark = pytest.mark.integration
+
+WORKER = os.path.join(WORKERS, "equality_matrix.py")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+MODELS = "dense,attention"
+VARIANTS = "attention:adam:acc2"
+# Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
+# velocity (no momentum: its default).
+SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
+JOBS = {("shm", 2), ("shm", 4), ("multi_worker", 2), ("multi_worker", 4)}
+
+
+def _command(out, strategy, n):
+    args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
+    if n == 0:
+        return args
+    # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several.
+    chunks = ["--gather-chunk-elements", "100"] if strategy == "multi_worker" else []
+    return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
+            "--variants", VARIANTS, "--shard-optimizer-state", *chunks]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{(strategy, N): {worker: cells}}, and ("single", 0): the reference, run 2 at a time."""
+    tmp = tmp_path_factory.mktemp("zero")
+    jobs = sorted(JOBS) + [("single", 0)]
+    outs = {job: str(tmp / f"{job[0]}{job[1]}") for job in jobs}
+    procs = run_py_many([_command(outs[job], *job) for job in jobs], parallel=2, timeout=500)
+    for job, proc in zip(jobs, procs):
+        assert proc.returncode == 0, (job, tail(proc))
+    return {job: _load(outs[job]) for job in jobs}
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_sharded_workers_equal_one_replica(runs, job):
+    reference = runs[("single", 0)]["worker0"]
+    workers = runs[job]
+    assert len(workers) == job[1]
+    cells = workers["worker0"]
+    for model in MODELS.split(","):
+        for optimizer in OPTIMIZERS:
+            cell = f"{model}-{optimizer}"
+            _assert_equal_weights(cells[cell], reference[cell], cell=f"{job} {cell}")
+            for other in workers.values():  # every worker got the owners' values
+                for key, value in cells[cell].items():
+                    np.testing.assert_array_equal(other[cell][key], value, err_msg=cell)
+    # Sparse gradients, 2 accumulated half batches: the same step as one full batch.
+    _assert_equal_weights(cells["attention-adam-acc2"], reference["attention-adam"],
+                          cell=f"{job} attention-adam-acc2")
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_each_worker_holds_its_share_of_the_state(runs, job):
+    n = job[1]
+    for optimizer in OPTIMIZERS:
+        states = [json.loads(w[f"state_dense+attention-{optimizer}"]) for w in runs[job].values()]
+        total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
+        slots = [s["slot_bytes"] for s in states]
+        assert sum(slots) == total, (optimizer, slots, total)
+        bound = SLOTS_PER_WEIGHT[optimizer] * states[0]["largest"]
+        assert max(slots) <= total / n + bound, (optimizer, slots)
+        assert min(slots) > 0, slots
+
+
+def test_the_reference_moved_every_weight(runs):
+    cells = runs[("single", 0)]["worker0"]
+    for model in MODELS.split(","):
+        start = cells[f"init:{model}"]
+        for optimizer in OPTIMIZERS:
+            moved = cells[f"{model}-{optimizer}"]
+            still = min(float(np.abs(moved[k] - start[k]).max()) for k in start
+                        if k != "mha/key/bias")
+            assert still > 100 * ATOL, (model, optimizer, still)
+    assert RTOL == 1e-5
+
+
+# Backups: 2 sharded shm workers train 2 epochs of digits_mlp under Adam (14 steps
+# each, backups every 4 steps and at epoch ends); copies of their model dir then
+# run to 4 epochs on 1 unsharded process and on 4 sharded workers, and must end
+# with the weights of one uninterrupted single-replica run.
+DUMP = os.path.join(WORKERS, "train_dump.py")
+BACKUP_RUN = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size", "96",
+              "--optimizer", "adam", "--learning-rate", "0.01", "--verbose", "0",
+              "--threads", "1", "--save-every-steps", "4"]
+
+
+def _train(tmp, name, n, strategy, epochs, model_dir, sharded):
+    args = [DUMP, str(tmp / f"dump-{name}"), *BACKUP_RUN, "--epochs", str(epochs),
+            "--strategy", strategy, "--model-dir", model_dir,
+            *(["--shard-optimizer-state"] if sharded else [])]
+    if n == 1:
+        return args
+    return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "300", "--", "python", *args]
+
+
+def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path):
+    from tests.weights import dump_dir_weights
+
+    first = str(tmp_path / "first")
+    procs = run_py_many([_train(tmp_path, "baseline", 1, "single", 4,
+                                str(tmp_path / "baseline"), False),
+                         _train(tmp_path, "first", 2, "shm", 2, first, True)], timeout=400)
+    for proc in procs:
+        assert proc.returncode == 0, tail(proc)
+    backups = sorted(os.listdir(os.path.join(first, "backup")))
+    newest = "ckpt-0000000028.npz"
+    # Each worker wrote the slots it owns beside the chief's backup.
+    assert {newest, f"{newest}.slots-0-of-2", f"{newest}.slots-1-of-2"} <= set(backups), backups
+    for rank in (0, 1):
+        part = np.load(os.path.join(first, "backup", f"{newest}.slots-{rank}-of-2"))
+        assert part.files and all("momentum" in k or "velocity" in k for k in part.files)
+    one, four = (str(tmp_path / n) for n in ("one", "four"))
+    for copy in (one, four):
+        shutil.copytree(first, copy)
+    procs = run_py_many([_train(tmp_path, "one", 1, "single", 4, one, False),
+                         _train(tmp_path, "four", 4, "shm", 4, four, True)], timeout=400)
+    baseline = dump_dir_weights(str(tmp_path / "dump-baseline"))[0]
+    for name, proc, workers in (("one", procs[0], 1), ("four", procs[1], 4)):
+        assert proc.returncode == 0, tail(proc)
+        assert "resumed from a 2-replica shm backup" in proc.stdout, tail(proc)
+        got = dump_dir_weights(str(tmp_path / f"dump-{name}"))
+        assert len(got) == workers
+        for weights in got:
+            assert len(weights) == len(baseline) == 4
+            for a, b in zip(weights, baseline):
+                np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)

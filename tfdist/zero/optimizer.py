@@ -1,0 +1,131 @@
+"""A Keras 3 optimizer that keeps, and updates, only the variables its worker owns.
+
+Keras's own update rules run unchanged: `build` learns each trainable
+variable's owner (`partition.owners`) before the optimizer's own `build`
+makes its slots, and `add_variable_from_reference` gives a variable another
+worker owns a zero-size slot (a gradient accumulator stays whole: it holds
+this worker's local gradient). `_backend_update_step` (reached once per
+update, after the all-reduce, clipping and weight decay) updates the owned
+variables only, then the engine's `gather` sets every variable to its owner's
+value. Slots keep Keras's indexing, so `_get_variable_index` still works.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tfdist.zero import partition
+
+# What a slot variable of the sharded optimizer carries: the whole-size slots and
+# the zero-size ones alike are this worker's own, never broadcast or gathered.
+SLOT_MARK = "_tfdist_shard_slot"
+# Keras's name for the per-variable gradient accumulator (local gradients: whole everywhere).
+ACCUMULATOR = "gradient_accumulator"
+
+
+def variable_bytes(variable) -> int:
+    """Bytes of a variable of static shape."""
+    import numpy as np
+
+    return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
+
+
+@functools.cache
+def _sharded_class(base: type, gather, rank: int, size: int) -> type:
+    """A subclass of `base` (a distributed optimizer class) that updates owned variables only."""
+
+    def build(self, variables):
+        owner_of = partition.owners([variable_bytes(v) for v in variables], size)
+        self._tfdist_owner = {self._var_key(v): o for v, o in zip(variables, owner_of)}
+        base.build(self, variables)
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        owner = getattr(self, "_tfdist_owner", {}).get(self._var_key(reference_variable))
+        if owner is None or name == ACCUMULATOR:
+            return base.add_variable_from_reference(self, reference_variable, name=name,
+                                                    initializer=initializer)
+        with _outside_strategy():  # this worker's own: see tfdist.zero.mwms
+            if owner == rank:
+                slot = base.add_variable_from_reference(self, reference_variable, name=name,
+                                                        initializer=initializer)
+            else:
+                path = getattr(reference_variable, "path", reference_variable.name)
+                slot = self.add_variable(shape=(0,), initializer=initializer,
+                                         dtype=reference_variable.dtype,
+                                         name=f"{path.replace('/', '_')}_{name or 'var'}")
+        setattr(slot, SLOT_MARK, True)
+        return slot
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        owner_of = [self._tfdist_owner[self._var_key(v)] for v in trainable_variables]
+        mine = [i for i, o in enumerate(owner_of) if o == rank]
+        if mine:
+            base._backend_update_step(self, [grads[i] for i in mine],
+                                      [trainable_variables[i] for i in mine], learning_rate)
+        gather(list(trainable_variables), owner_of, rank)
+
+    def save_own_variables(self, store):
+        # A saved model is whole: it keeps the shared variables, not this worker's share
+        # of the slots (Keras then skips the optimizer's variables on load, with a warning).
+        for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
+            store[str(i)] = variable.numpy()
+
+    return type(base.__name__, (base,), {
+        "build": build,
+        "save_own_variables": save_own_variables,
+        "add_variable_from_reference": add_variable_from_reference,
+        "_backend_update_step": _backend_update_step,
+        "__module__": base.__module__,
+        "__doc__": f"{base.__name__} whose optimizer state is split across workers.",
+        "_tfdist_sharded": True,
+        "_tfdist_rank": rank,
+        "_tfdist_size": size,
+    })
+
+
+def _outside_strategy():
+    """A scope whose variables skip the strategy's creator (a plain variable of this worker)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import resource_variable_ops
+
+    def creator(next_creator, **kwargs):
+        return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
+
+    return tf.variable_creator_scope(creator)
+
+
+def shard(distributed, gather, rank: int, size: int):
+    """A copy of `distributed` that keeps the optimizer state of its worker's variables only.
+
+    Args:
+        distributed: An unbuilt optimizer whose gradients are all-reduced before
+            `_clip_gradients` returns (`tfdist.allreduce_optimizer.wrap`, or any
+            optimizer under a strategy that reduces them first).
+        gather: Hashable; `gather(variables, owners, rank)` sets each variable
+            to the value its owner holds (inside the update step's graph).
+        rank: This worker's rank.
+        size: Data-parallel workers.
+
+    Returns:
+        A new optimizer of a subclass of `type(distributed)`, built from its
+        config, with `distributed`'s own all-reduce (e.g. compressed) kept.
+
+    Raises:
+        ConfigError: for an optimizer whose update reads a whole weight.
+        ValueError: for one already built or already sharded.
+    """
+    partition.check_optimizer(type(distributed).__name__)
+    if getattr(distributed, "_tfdist_sharded", False):
+        raise ValueError(f"{type(distributed).__name__} already shards its state.")
+    if getattr(distributed, "built", False):
+        raise ValueError("shard() needs an optimizer that has not been built.")
+    sharded = _sharded_class(type(distributed), gather, rank, size).from_config(
+        distributed.get_config())
+    if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
+        sharded._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
+    return sharded
+
+
+def is_shard_slot(variable) -> bool:
+    """Whether `variable` is a sharded optimizer's per-worker slot (never broadcast)."""
+    return bool(getattr(variable, SLOT_MARK, False))

@@ -1,0 +1,106 @@
+"""Pure arithmetic of optimizer-state sharding: who owns which variable, and what is refused.
+
+No TensorFlow: the option is checked, and the split computed, from names and
+sizes alone.
+"""
+
+from __future__ import annotations
+
+from tfdist.errors import ConfigError
+
+# Optimizers whose step reads a whole weight (LAMB's trust ratio, Adafactor's factored
+# moments and RMS scaling, Muon's orthogonalisation), by lower-case name; the same
+# set tensor parallel refuses (`tfdist.model_parallel.tensor_parallel.WHOLE_WEIGHT_OPTIMIZERS`).
+WHOLE_WEIGHT = ("lamb", "adafactor", "muon")
+
+
+def owners(sizes: list[int], n: int) -> list[int]:
+    """The rank that owns each variable: whole variables, largest first, each to the least
+    loaded rank (ties: the lower index, the lower rank), so every worker computes the same.
+
+    Args:
+        sizes: Each variable's size (bytes or elements), in the optimizer's order.
+        n: Data-parallel workers.
+
+    Returns:
+        One rank in [0, n) per variable.
+
+    Raises:
+        ValueError: for n < 1 or a negative size.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1. Received: n={n!r}.")
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"sizes must be >= 0. Received: sizes={list(sizes)!r}.")
+    load = [0] * n
+    out = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(n), key=lambda r: (load[r], r))
+        out[i] = rank
+        load[rank] += sizes[i]
+    return out
+
+
+def rounds(sizes: list[int], owner: list[int], n: int) -> list[list[int | None]]:
+    """Gather rounds: round k holds each rank's k-th largest owned variable (None when it
+    owns fewer), so the variables gathered together are of similar size (the greedy
+    split hands them out largest first) and a round's padding stays small.
+
+    Args:
+        sizes: Each variable's size.
+        owner: Each variable's rank (`owners(sizes, n)`).
+        n: Data-parallel workers.
+
+    Returns:
+        Rounds, each a list of n variable indices or None, by rank.
+    """
+    mine = [sorted((i for i, o in enumerate(owner) if o == r), key=lambda i: (-sizes[i], i))
+            for r in range(n)]
+    depth = max((len(m) for m in mine), default=0)
+    return [[m[k] if k < len(m) else None for m in mine] for k in range(depth)]
+
+
+def row_chunks(shape: tuple, max_elements: int) -> list[tuple[int, int] | None]:
+    """Row ranges [r0, r1) of at most `max_elements` each (at least one row) covering a
+    variable of `shape`; [None] when one piece is the whole variable (or it has no rows)."""
+    if len(shape) == 0 or shape[0] == 0:
+        return [None]
+    rows, row = shape[0], 1
+    for d in shape[1:]:
+        row *= d
+    step = max(1, max_elements // max(row, 1))
+    if step >= rows:
+        return [None]
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+def owned_bytes(sizes: list[int], n: int) -> list[int]:
+    """Bytes (or elements) each rank owns under `owners(sizes, n)`."""
+    load = [0] * n
+    for size, rank in zip(sizes, owners(sizes, n)):
+        load[rank] += size
+    return load
+
+
+def check_optimizer(name: str) -> None:
+    """Refuses an optimizer whose update reads a whole weight (by class or option name).
+
+    Raises:
+        ConfigError: naming it.
+    """
+    if name.lower() in WHOLE_WEIGHT:
+        raise ConfigError(
+            f"--shard-optimizer-state does not apply to {name}: its update reads a whole "
+            f"weight at once ({', '.join(WHOLE_WEIGHT)} do), and a worker's part of the state "
+            f"need not hold whole weights. Received: optimizer={name!r}. Use an elementwise "
+            "optimizer (sgd, adam, adamw, rmsprop, ...) or drop --shard-optimizer-state.")
+
+
+def check_config(settings) -> None:
+    """Pre-TensorFlow checks of a run asking for `--shard-optimizer-state` (pure).
+
+    Raises:
+        ConfigError: for an optimizer whose update reads a whole weight.
+    """
+    if settings.adapter.shard_optimizer_state:
+        check_optimizer(settings.optimization.optimizer)
