@@ -124,11 +124,11 @@ def weight_bytes(model) -> int:
 def headroom_bytes() -> int | None:
     """Memory this process may still take: its memory cgroup's limit (v1 or v2) less
     its resident set, else the machine's available memory; None when unknown."""
-    rss = _status_kb("VmRSS")
+    rss = _proc_kb("/proc/self/status", "VmRSS")
     limit = _cgroup_limit()
     if limit is not None and rss is not None:
         return max(0, limit - rss * 1024)
-    available = _meminfo_kb("MemAvailable")
+    available = _proc_kb("/proc/meminfo", "MemAvailable")
     return None if available is None else available * 1024
 
 
@@ -147,20 +147,10 @@ def final_form(asked: str, plain_bytes: int, headroom: int | None) -> str:
     return "keras"
 
 
-def _status_kb(key: str) -> int | None:
+def _proc_kb(path: str, key: str) -> int | None:
+    """A "Key: N kB" line of a /proc file (/proc/self/status, /proc/meminfo), in kB."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _meminfo_kb(key: str) -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1])
