@@ -235,7 +235,7 @@ def _model_class():
             sums = [[None] * len(stage.variables) for stage in stages]
             losses, preds = [None] * m, [None] * m
             last = [[] for _ in range(p)]  # each stage's previous action, to keep the order
-            for s, kind, i in schedules.order(self.schedule):
+            for s, kind, i, _ in schedules.order(self.schedule):
                 with tf.device(stages[s].device), tf.control_dependencies(last[s]):
                     if kind == "F":
                         h = xs[i] if s == 0 else outs[(i, s - 1)]
