@@ -111,9 +111,12 @@ OPTIONS: dict[str, Option] = {
     "status_file": Option("", "the chief writes its exit status here (atomically) before "
                           "exiting"),
     "microbatches": Option(adapter_default("microbatches"), "micro-batches per batch (pipeline)", ge=1),
-    "schedule": Option(adapter_default("schedule"), "pipeline schedule: gpipe (all forwards, then all backwards) "
-                       "or 1f1b (at most P micro-batches' activations per stage)",
-                       choices=PIPELINE_SCHEDULES),
+    "schedule": Option(adapter_default("schedule"), "pipeline schedule: gpipe (all forwards, then all backwards), "
+                       "1f1b (at most P micro-batches' activations per stage), interleaved "
+                       "(V chunks a stage, --virtual-stages) or zb (zero bubble: weight "
+                       "gradients fill the bubble)", choices=PIPELINE_SCHEDULES),
+    "virtual_stages": Option(adapter_default("virtual_stages"), "chunks of the model each pipeline "
+                             "stage holds (--schedule interleaved)", ge=1),
     "placement": Option(adapter_default("placement"), "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: "
                         "an even split over --devices)"),
     "stages": Option(adapter_default("stages"), "pipeline across processes: stages (0: one per task of the job)",

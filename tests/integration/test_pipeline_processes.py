@@ -16,6 +16,10 @@ port stays open), each end the job naming the stage and its address; the
 same command again resumes from the last backup and ends with the
 uninterrupted run's weights. Under tfdist.launch, a SIGKILLed stage ends the
 launcher with exit 4 (lost peer), as the chief does.
+
+Schedules past 1F1B (#42): interleaved 1F1B (V = 2: 4 chunks, 2 on each of 2
+stage processes), zero bubble on 4 stage processes and on 2 copies x 2 stages
+each end with one process's weights (rtol 1e-5).
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ RUNS = {"single": (1, ["--strategy", "single"]),
         "two": (2, [*PIPELINE, "--microbatches", "2"]),
         "four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "1f1b"]),
         "hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2"]),
+        # #42: chunks cycling over the tasks, and the backward split into I and W.
+        "interleaved": (2, [*PIPELINE, "--microbatches", "4", "--schedule", "interleaved",
+                            "--virtual-stages", "2"]),
+        "zb_four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "zb"]),
+        "zb_hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2", "--schedule", "zb"]),
         # mixed_float16, one epoch: one process, and 2 stage processes with M = 1 (the
         # same batch through the same float16 ops, so the same weights to the bit).
         "single_fp16": (1, ["--strategy", "single", *FP16]),
@@ -106,7 +115,8 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["two", "four", "hybrid"])
+@pytest.mark.parametrize("name", ["two", "four", "hybrid", "interleaved", "zb_four",
+                                  "zb_hybrid"])
 def test_stage_processes_end_with_one_process_weights(runs, name):
     single = runs["single"][0]
     for a, b in zip(runs[name][0], single):
@@ -157,6 +167,12 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert "strategy=pipeline num_replicas=2 stages=2 copies=2 workers=4" in hybrid
     assert "[worker 2] tfdist: pipeline copy 1 stage 0 serving at" in hybrid
     assert "num_replicas=1 stages=4 copies=1" in four
+    # #42: 4 chunks over 2 tasks (chunk k on task k mod 2); bubble (P-1)/(V·M+P-1).
+    interleaved = runs["interleaved"][2].stdout
+    assert "pipeline p=2 m=4 schedule=interleaved v=2 theoretical bubble 0.111" in interleaved
+    assert _table(interleaved) == {"hidden_0": "task:0/CPU:0", "hidden_1": "task:1/CPU:0",
+                                   "hidden_2": "task:0/CPU:0", "logits": "task:1/CPU:0"}
+    assert "pipeline p=4 m=4 schedule=zb theoretical bubble 0.200" in runs["zb_four"][2].stdout
 
 
 def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):

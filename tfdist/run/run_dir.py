@@ -55,7 +55,8 @@ BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 # The adapters say which (`Adapter.portable`). Tensor parallelism is not layout
 # only: it stores each weight as shards.
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
-LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement"})
+LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
+                    "virtual_stages"})
 
 
 def run_config(cfg: dict) -> dict:

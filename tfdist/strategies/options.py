@@ -22,7 +22,9 @@ class StrategyOptions:
         collective: MWMS collective implementation: "auto", "ring", "nccl".
         timeout_s: Collective timeout in seconds, so a dead peer ends the job.
         microbatches: Micro-batches per batch (pipeline).
-        schedule: The pipeline schedule, "gpipe" or "1f1b".
+        schedule: The pipeline schedule, "gpipe", "1f1b", "interleaved" or "zb".
+        virtual_stages: Chunks of the model each pipeline stage holds
+            (V, interleaved schedule only).
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
         stages: Pipeline stages across processes (0: one per task).
@@ -48,6 +50,7 @@ class StrategyOptions:
     timeout_s: float | None = 60.0
     microbatches: int = 1
     schedule: str = "gpipe"
+    virtual_stages: int = 1
     placement: str = ""
     tensor_parallel: int = 1
     stages: int = 0
@@ -65,6 +68,7 @@ OPTION_FIELDS: dict[str, str] = {
     "startup_timeout_s": "startup_timeout_s", "grad_compression": "grad_compression",
     "microbatches": "microbatches", "schedule": "schedule", "placement": "placement",
     "tensor_parallel": "tensor_parallel", "stages": "stages", "ps_shards": "ps_shards",
+    "virtual_stages": "virtual_stages",
     "min_shard_bytes": "min_shard_bytes", "bucket_mb": "bucket_mb"}
 
 
