@@ -100,6 +100,9 @@ def add_arguments(parser):
     parser.add_argument("--schedule-steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--timeline-ms", type=int, default=2000,
                         help="timeline part: milliseconds traced, after the warm-up")
+    parser.add_argument("--timeline-schedule", default="gpipe",
+                        help="timeline part: the schedule traced (interleaved takes "
+                             "--virtual-stages)")
     parser.add_argument("--timeline-dir", default="",
                         help="timeline part: keep the XPlane files here (default: a "
                              "temporary directory, removed)")
@@ -303,7 +306,9 @@ def _timeline(args) -> dict:
     steps = args.warmup + 2 + max(10, int(args.timeline_ms / 1000 * 3) + 5)
     batch = _parse_ints(args.time_batch_sizes)[0]
     argv = [*_recipe_args(args.time_model, steps), "--global-batch-size", str(batch),
-            "--threads", "1", *_pipeline_args(m)]
+            "--threads", "1", *_pipeline_args(m, args.timeline_schedule)]
+    if args.timeline_schedule == "interleaved":
+        argv += ["--virtual-stages", str(args.virtual_stages)]
     print(f"pipeline-processes: timeline P={p} M={m} batch {batch}", file=sys.stderr,
           flush=True)
     try:
@@ -315,6 +320,7 @@ def _timeline(args) -> dict:
             shutil.rmtree(logdir, ignore_errors=True)
     summary = timeline.summarize(ops, steps_ms)
     return {"model": args.time_model, "global_batch_size": batch, "stages": p, "microbatches": m,
+            "schedule": args.timeline_schedule,
             "ideal_busy": 1 - plan.bubble_fraction(p, m), "median_step_s": point["median_step_s"],
             "load_avg_1m": point["load_avg_1m"], "summary": summary,
             "kept": args.timeline_dir or None}

@@ -3,13 +3,13 @@
 P stage processes, each pinned to its own core (`tfdist.launch --cpu-bind
 cores`), M micro-batches of `--schedules-rows` rows, the schedules of
 `--schedules` run in turns (the order reversed every other repeat, so a
-slow spell of the shared machine falls on each). Beside each, the same
-schedule in one process on one core (`--devices P` logical devices under
-`tfdist.bench.bind --share 0/P`): all P stages' work done by one core, W.
+slow spell of the shared machine falls on each). Every run is traced by
+TensorFlow's profiler for `--timeline-ms` after its warm-up
+(`tfdist.bench.timeline`).
 
-- measured bubble: 1 - (W / P) / step, a stage's share of the work over the
-  step (balanced stages); the busy share of each task's CPU
-  (`memory.between`, user + system time over the timed steps) is beside it.
+- measured bubble: 1 - each task's busy share of the median traced step
+  (the time its ops ran), averaged over the tasks; the idle share of each
+  task's CPU time over the timed steps (`memory.between`) is beside it.
 - predicted: each schedule's formula (`simulate.formula`), and the step it
   predicts from 1F1B's measured step: (1 - bubble_1f1b) / (1 - bubble) of it.
 - the issue's bar: a schedule saves at least half of its predicted saving
@@ -24,9 +24,11 @@ schedule in one process on one core (`--devices P` logical devices under
 from __future__ import annotations
 
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 SCHEDULES = "1f1b,interleaved,zb"
 
@@ -59,9 +61,21 @@ def predicted_ratio(name: str, stages: int, microbatches: int, virtual: int) -> 
             (1 - simulate.formula(name, stages, microbatches, v)))
 
 
-def measured_bubble(step_s: float, one_process_s: float, stages: int) -> float:
-    """Pure function: 1 - (one core's time for all the work / P) / the staged step."""
-    return 1.0 - (one_process_s / stages) / step_s
+def measured_bubble(summary: dict) -> float:
+    """Pure function: 1 - the tasks' mean busy share of the median traced step
+    (`timeline.summarize`'s)."""
+    busy = [v["median_step_busy"] for v in summary["tasks"].values()
+            if v["median_step_busy"] is not None]
+    if not busy:
+        raise ValueError("The trace holds no whole step: trace longer (--timeline-ms) or "
+                         "run more steps (--time-steps).")
+    return 1.0 - statistics.mean(busy)
+
+
+def _trace(logdir: str) -> dict:
+    from tfdist.bench import timeline
+
+    return timeline.summarize(*timeline.read(logdir))
 
 
 def plan(args) -> dict:
@@ -86,9 +100,10 @@ def plan(args) -> dict:
     return found[0]
 
 
-def measure(args, run_job, planned=None) -> dict:
-    """Runs the part. `run_job(argv, tasks, timeout, interval, bind=, share=, warmup=)` runs
-    one job (`pipeline_processes._run`)."""
+def measure(args, run_job, planned=None, trace=_trace) -> dict:
+    """Runs the part. `run_job(argv, tasks, timeout, interval, bind=, warmup=, env=)` runs
+    one job (`pipeline_processes._run`); `trace(logdir)` summarizes its trace."""
+    from tfdist.bench import timeline
     from tfdist.model_parallel import simulate
 
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
@@ -109,15 +124,21 @@ def measure(args, run_job, planned=None) -> dict:
                   file=sys.stderr, flush=True)
             extra = ["--schedule", name] + (["--virtual-stages", str(v)]
                                             if name == "interleaved" else [])
-            staged = run_job([*base, *extra, "--devices", "0"], p, args.timeout, args.interval,
-                             bind="cores", warmup=args.warmup)
-            one = run_job([*base, *extra, "--devices", str(p)], 1, args.timeout, args.interval,
-                          share=f"0/{p}", warmup=args.warmup)
+            logdir = tempfile.mkdtemp(prefix="tfdist-bench-schedules-")
+            try:
+                staged = run_job([*base, *extra, "--devices", "0"], p, args.timeout,
+                                 args.interval, bind="cores", warmup=args.warmup,
+                                 env={timeline.ENV: f"{args.warmup + 2},{args.timeline_ms},"
+                                                    f"{logdir}"})
+                summary = trace(logdir)
+            finally:
+                shutil.rmtree(logdir, ignore_errors=True)
             cpu = [proc["cpu_share"] for proc in staged["processes"]
                    if proc["cpu_share"] is not None]
             per[name].append({
-                "step_s": staged["median_step_s"], "one_process_s": one["median_step_s"],
-                "bubble": measured_bubble(staged["median_step_s"], one["median_step_s"], p),
+                "step_s": staged["median_step_s"], "traced_step_ms": summary["median_step_ms"],
+                "busy": [v["median_step_busy"] for v in summary["tasks"].values()],
+                "bubble": measured_bubble(summary),
                 "cpu_bubble": 1 - statistics.mean(cpu) if cpu else None,
                 "cpu_shares": cpu, "load_avg_1m": staged["load_avg_1m"],
                 "peak_bytes": [proc["train_peak_bytes"] for proc in staged["processes"]],
@@ -162,7 +183,7 @@ def table(result) -> str:
     rows = []
     for name, point in s["schedules"].items():
         for i, x in enumerate(point["runs"]):
-            rows.append([name, i, x["step_s"] * 1e3, x["one_process_s"] * 1e3, "",
+            rows.append([name, i, x["step_s"] * 1e3, x["traced_step_ms"], "",
                          x["bubble"], "" if x["cpu_bubble"] is None else x["cpu_bubble"], "",
                          x["load_avg_1m"]])
         rows.append([name, "median", point["step_s"] * 1e3, "", point["vs_1f1b"],
@@ -175,8 +196,8 @@ def table(result) -> str:
                for name, point in s["schedules"].items() if "planner_step_s" in point]
     return (f"P={s['stages']} M={s['microbatches']} V={s['virtual_stages']}, "
             f"{s['microbatch_rows']} rows a micro-batch, each stage pinned to a core; "
-            "bubble = 1 - (one core's step / P) / step\n" +
-            format_table(["schedule", "repeat", "step ms", "1 core ms", "/ 1f1b", "bubble",
+            "bubble = 1 - the tasks' busy share of the median traced step\n" +
+            format_table(["schedule", "repeat", "step ms", "traced ms", "/ 1f1b", "bubble",
                           "CPU bubble", "predicted / 1f1b, bubble", "load"], rows) +
             "\nplanner (layers measured once on one micro-batch; state = weights, gradient "
             "sums, Adam slots, activations in flight, per task)\n" +
