@@ -2,10 +2,12 @@
 
 On one micro-batch, in this process (one intra-op thread, as a pinned stage
 task runs): each layer call of the model, in `graph.keras_nodes` order (the
-order the cuts index), runs under a tape of its own; its forward, its
-inputs' gradient (I) and its weights' gradient (W) for an upstream gradient
-of ones are each timed `repeats` times and the median kept. The bytes its
-forward keeps are its outputs'; a layer's weights are counted at its first call.
+order the cuts index), is traced three ways as a `tf.function` (as the
+pipeline's train step runs it, without eager overhead): its forward alone,
+its forward and inputs' gradient, its forward and weights' gradient (for an
+upstream gradient of ones). Each is timed `repeats` times (the median kept);
+I and W are the latter two less the forward. The bytes its forward keeps
+are its outputs'; a layer's weights are counted at its first call.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def _timed(fn, repeats):
     return statistics.median(times), result
 
 
-def layer_costs(model, inputs, repeats: int = 5) -> list[LayerCost]:
+def layer_costs(model, inputs, repeats: int = 11) -> list[LayerCost]:
     """Each layer call's `LayerCost` on the micro-batch `inputs` (a list, `model.inputs` order).
 
     Args:
@@ -48,23 +50,31 @@ def layer_costs(model, inputs, repeats: int = 5) -> list[LayerCost]:
         ins = [known[id(t)] for t in dict.fromkeys(node.input_tensors)
                if known[id(t)].dtype.is_floating]
 
-        def forward():
-            with tf.GradientTape(persistent=True) as tape:
-                tape.watch(ins)
-                made = tree.flatten(layer(*args, **kwargs))
-            return tape, made
-
-        forward()
-        forward_s, (tape, made) = _timed(forward, repeats)
-        given = [tf.ones_like(t) for t in made]
         variables = list(layer.trainable_weights)
 
-        def grad(sources):
-            return lambda: [None if g is None else getattr(g, "values", g).numpy()
-                            for g in tape.gradient(made, sources, output_gradients=given)]
+        def part(sources):
+            def run():
+                with tf.GradientTape() as tape:
+                    tape.watch(ins)
+                    made = tree.flatten(layer(*args, **kwargs))
+                if sources is None:
+                    return made
+                grads = tape.gradient(made, sources,
+                                      output_gradients=[tf.ones_like(t) for t in made])
+                return [getattr(g, "values", g) for g in grads if g is not None]
+            return tf.function(run)
 
-        input_s = _timed(grad(ins), repeats)[0] if ins else 0.0
-        weight_s = _timed(grad(variables), repeats)[0] if variables else 0.0
+        timed = {}
+        for key, sources in (("F", None), ("I", ins), ("W", variables)):
+            if key != "F" and not sources:
+                timed[key] = timed["F"]
+                continue
+            fn = part(sources)
+            fn()  # traced, not timed
+            timed[key] = _timed(fn, repeats)[0]
+        made = tree.flatten(layer(*args, **kwargs))
+        forward_s = timed["F"]
+        input_s, weight_s = (max(timed[k] - forward_s, 0.0) for k in ("I", "W"))
         weight_bytes = 0 if id(layer) in counted else sum(
             int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in layer.weights)
         counted.add(id(layer))
