@@ -1,9 +1,9 @@
 """Real processes: `--strategy pipeline` with one stage per task (`tfdist.launch -n P`).
 
 model_parallel_mlp (3 hidden Dense layers + logits, 4 layers with weights)
-trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches)
-and 4 stage processes (1F1B, 4 micro-batches) end with the weights of one process
-(rtol 1e-5), and for one epoch so do 2 stage processes with tensor parallel 2 inside
+trained for 2 epochs (44 steps) with Adam: 2 stage processes (GPipe, 2 micro-batches),
+interleaved (V = 2) on 2 and zero bubble on 4 stage processes and on 2 copies x 2
+stages end with the weights of one process (rtol 1e-5), and for one epoch so do 2 stage processes with tensor parallel 2 inside
 each and 2 data-parallel copies of those (4 processes, data x pipeline x tensor); under
 mixed_float16 (one epoch) 2 stage processes at M = 1 end with one process's weights
 to the bit. At #43's size (4 x 256, lr 1e-3, 40 steps) 2 stage processes under
@@ -17,6 +17,10 @@ port stays open), each end the job naming the stage and its address; the
 same command again resumes from the last backup and ends with the
 uninterrupted run's weights. Under tfdist.launch, a SIGKILLed stage ends the
 launcher with exit 4 (lost peer), as the chief does.
+
+Schedules past 1F1B (#42): interleaved 1F1B (V = 2: 4 chunks, 2 on each of 2
+stage processes), zero bubble on 4 stage processes and on 2 copies x 2 stages
+each end with one process's weights (rtol 1e-5).
 """
 
 from __future__ import annotations
@@ -53,7 +57,6 @@ WIDE = ["--hidden-layers", "4", "--hidden-units", "256", "--learning-rate", "0.0
         "--steps-per-epoch", "20"]
 RUNS = {"single": (1, ["--strategy", "single"]),
         "two": (2, [*PIPELINE, "--microbatches", "2"]),
-        "four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "1f1b"]),
         # Data x pipeline x tensor: 2 copies of 2 stages, each stage's feed-forward
         # pairs split over its task's 2 CPU devices; and 2 stages x tensor parallel 2.
         # One epoch: the row-parallel sums add the shards' partials in another order,
@@ -66,6 +69,11 @@ RUNS = {"single": (1, ["--strategy", "single"]),
         # Keras's sharded weights, written one weight at a time.
         "two_tp": (2, [*PIPELINE, "--microbatches", "2", "--tensor-parallel", "2",
                        "--epochs", "1", "--final-weights", "sharded"]),
+        # #42: chunks cycling over the tasks, and the backward split into I and W.
+        "interleaved": (2, [*PIPELINE, "--microbatches", "4", "--schedule", "interleaved",
+                            "--virtual-stages", "2"]),
+        "zb_four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "zb"]),
+        "zb_hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2", "--schedule", "zb"]),
         # mixed_float16, one epoch: one process, and 2 stage processes with M = 1 (the
         # same batch through the same float16 ops, so the same weights to the bit).
         "single_fp16": (1, ["--strategy", "single", *FP16]),
@@ -123,7 +131,8 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["two", "four", "hybrid", "two_tp"])
+@pytest.mark.parametrize("name", ["two", "hybrid", "two_tp", "interleaved", "zb_four",
+                                  "zb_hybrid"])
 def test_stage_processes_end_with_one_process_weights(runs, name):
     single = runs["single_e1" if name in ("hybrid", "two_tp") else "single"][0]
     for a, b in zip(runs[name][0], single):
@@ -162,9 +171,8 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert "pipeline p=2 m=2 schedule=gpipe" in out
     assert "[worker 1] tfdist: pipeline stage 1 serving at 127.0.0.1:" in out
     assert "pipeline stage 1: the chief at 127.0.0.1:" in out and "has gone" in out
-    four = runs["four"][2].stdout
+    four = runs["zb_four"][2].stdout  # 4 stage processes (1F1B on processes: wide_two4)
     assert sorted(set(_table(four).values())) == [f"task:{i}/CPU:0" for i in range(4)]
-    assert "pipeline p=4 m=4 schedule=1f1b" in four
     hybrid = runs["hybrid"][2].stdout
     # Tensor parallel inside the stage tasks: each task's CPU split in 2, a shard on each.
     assert {device for _, device in _rows(hybrid)} == {
@@ -178,10 +186,16 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert "strategy=pipeline num_replicas=2 stages=2 copies=2 workers=4" in hybrid
     assert "[worker 2] tfdist: pipeline copy 1 stage 0 serving at" in hybrid
     assert "num_replicas=1 stages=4 copies=1" in four
+    # #42: 4 chunks over 2 tasks (chunk k on task k mod 2); bubble (P-1)/(V·M+P-1).
+    interleaved = runs["interleaved"][2].stdout
+    assert "pipeline p=2 m=4 schedule=interleaved v=2 theoretical bubble 0.111" in interleaved
+    assert _table(interleaved) == {"hidden_0": "task:0/CPU:0", "hidden_1": "task:1/CPU:0",
+                                   "hidden_2": "task:0/CPU:0", "logits": "task:1/CPU:0"}
+    assert "pipeline p=4 m=4 schedule=zb theoretical bubble 0.200" in runs["zb_four"][2].stdout
 
 
 def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
-    weights, model_dir, _ = runs["four"]
+    weights, model_dir, _ = runs["zb_four"]
     proc = run_py(["-c", "import sys, keras, numpy as np; m = keras.models.load_model(sys.argv[1]);"
                          "print(type(m).__name__, np.sum([np.abs(w).sum() for w in "
                          "m.get_weights()]))", os.path.join(model_dir, "model.keras")],

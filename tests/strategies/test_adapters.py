@@ -153,6 +153,13 @@ def _cfg(*argv):
     (["--warmup-epochs", "1"], LOCAL, ConfigError,
      "(horovod, shm). Received: --warmup-epochs 1.0 with --strategy single"),
     (["--strategy", "parameter_server"], LOCAL, ClusterError, "needs one 'chief'"),
+    # #42: chunks only under interleaving, whose micro-batches go P at a time.
+    (["--strategy", "pipeline", "--devices", "2", "--microbatches", "4", "--virtual-stages",
+      "2"], LOCAL, ConfigError, "only --schedule interleaved runs. Received: --schedule gpipe"),
+    (["--strategy", "pipeline", "--microbatches", "6", "--schedule", "interleaved",
+      "--virtual-stages", "2", "--global-batch-size", "48"],
+     _tf_config(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]), ConfigError,
+     "a multiple of the 4 stages"),
 ])
 def test_adapters_own_their_pre_tensorflow_checks(argv, cluster, error, message):
     with pytest.raises(error) as e:

@@ -24,6 +24,9 @@ the chief (task 0) holding stage 0 and driving the run. Three parts:
   peak, on a model whose activations outweigh its weights (narrow layers, a
   large batch). A stage holds M micro-batches' activations under GPipe and at
   most P - s under 1F1B (`schedules.peak_in_flight`).
+- schedules: 1F1B against interleaved 1F1B and zero bubble on P pinned stage
+  processes, alternated, measured bubble against each schedule's formula
+  (`tfdist.bench.pipeline_schedules`; not in the default parts).
 - timeline: the time part's pipeline run once with every task traced by
   TensorFlow's profiler (`tfdist.bench.timeline`): each task's busy share of
   the traced steps and its longest idle gaps, with the ops either side (not in
@@ -42,11 +45,11 @@ import subprocess
 import sys
 import tempfile
 
-from tfdist.bench import memory, runs
+from tfdist.bench import memory, pipeline_schedules, runs
 
 DESCRIPTION = ("pipeline stages in processes: per-process peak memory, pinned step time vs "
                "GPipe's ideal, GPipe vs 1F1B memory")
-PARTS = ("memory", "time", "schedule", "timeline")
+PARTS = ("memory", "time", "schedule", "timeline", "schedules")
 DEFAULT_PARTS = PARTS[:3]
 # 12 Dense 4096x4096 layers (and the 64-input first layer): 0.81 GB of weights, 2.4 GB with
 # Adam's slots; 12 equal layers split evenly over 2 and 4 stages.
@@ -97,9 +100,13 @@ def add_arguments(parser):
     parser.add_argument("--schedule-steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--timeline-ms", type=int, default=2000,
                         help="timeline part: milliseconds traced, after the warm-up")
+    parser.add_argument("--timeline-schedule", default="gpipe",
+                        help="timeline part: the schedule traced (interleaved takes "
+                             "--virtual-stages)")
     parser.add_argument("--timeline-dir", default="",
                         help="timeline part: keep the XPlane files here (default: a "
                              "temporary directory, removed)")
+    pipeline_schedules.add_arguments(parser)
     parser.add_argument("--interval", type=float, default=0.05,
                         help="seconds between memory samples")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
@@ -275,7 +282,7 @@ def _schedule(args) -> dict:
     p, m = args.schedule_stages, args.schedule_microbatches
     base = _recipe_args(args.schedule_model, args.schedule_steps)
     out = {}
-    for name in schedules.NAMES:
+    for name in ("gpipe", "1f1b"):
         print(f"pipeline-processes: schedule {name} P={p} M={m}", file=sys.stderr, flush=True)
         point = _run([*base, *_pipeline_args(m, name)], p, args.timeout, args.interval)
         in_flight = [schedules.peak_in_flight(a) for a in schedules.build(name, p, m)]
@@ -299,7 +306,9 @@ def _timeline(args) -> dict:
     steps = args.warmup + 2 + max(10, int(args.timeline_ms / 1000 * 3) + 5)
     batch = _parse_ints(args.time_batch_sizes)[0]
     argv = [*_recipe_args(args.time_model, steps), "--global-batch-size", str(batch),
-            "--threads", "1", *_pipeline_args(m)]
+            "--threads", "1", *_pipeline_args(m, args.timeline_schedule)]
+    if args.timeline_schedule == "interleaved":
+        argv += ["--virtual-stages", str(args.virtual_stages)]
     print(f"pipeline-processes: timeline P={p} M={m} batch {batch}", file=sys.stderr,
           flush=True)
     try:
@@ -311,9 +320,14 @@ def _timeline(args) -> dict:
             shutil.rmtree(logdir, ignore_errors=True)
     summary = timeline.summarize(ops, steps_ms)
     return {"model": args.time_model, "global_batch_size": batch, "stages": p, "microbatches": m,
+            "schedule": args.timeline_schedule,
             "ideal_busy": 1 - plan.bubble_fraction(p, m), "median_step_s": point["median_step_s"],
             "load_avg_1m": point["load_avg_1m"], "summary": summary,
             "kept": args.timeline_dir or None}
+
+
+def _schedules(args) -> dict:
+    return pipeline_schedules.measure(args, _run)
 
 
 def run(args) -> dict:
@@ -327,7 +341,7 @@ def run(args) -> dict:
     for part in PARTS:
         if part in parts:
             out[part] = {"memory": _memory, "time": _time, "schedule": _schedule,
-                         "timeline": _timeline}[part](args)
+                         "timeline": _timeline, "schedules": _schedules}[part](args)
     out["load_avg_1m_end"] = runs.load_average()
     return out
 
@@ -406,6 +420,8 @@ def table(result) -> str:
                    f"M/(M+P-1) = {t['ideal_busy']:.3f}; the median step's longest gaps\n" +
                    format_table(["task", "busy (window)", "busy (median step)", "gap at ms",
                                  "gap ms", "op before", "op after"], rows))
+    if "schedules" in result:
+        out.append(pipeline_schedules.table(result))
     return "\n\n".join(out)
 
 
@@ -447,6 +463,8 @@ def plot(result, fig):
             ax.set_title(f"M={t['microbatches']}: " + ", ".join(
                 f"{point['vs_ideal']:.2f}x" for point in t["points"]) + " the ideal", fontsize=9)
             ax.legend(fontsize=6)
+        elif part == "schedules":
+            pipeline_schedules.plot(result, ax)
         elif part == "timeline":
             if "timeline" not in result:
                 continue

@@ -8,10 +8,13 @@ and all; the encoder output crossing into each decoder stage), or where
 
 `PipelineModel` trains the stages: its `train_step` splits each batch into M
 equal micro-batches and runs a schedule (`tfdist.model_parallel.schedules`:
-GPipe or 1F1B), a list of forward and backward actions per stage, each under
-its stage's device with a tape of its own (`output_gradients` carry the
-gradient back across a cut), each stage's actions in the schedule's order
-(control dependencies). Each stage adds a micro-batch's gradients to its
+GPipe, 1F1B, interleaved 1F1B or zero bubble), a list of forward and backward
+actions per device, each under its stage's device with a tape of its own
+(`output_gradients` carry the gradient back across a cut), each device's
+actions in the schedule's order (control dependencies). Interleaved, the
+model is cut into P·V chunks, chunk k on device k mod P, each a `Stage`;
+zero bubble splits each backward into the input gradients (I) and the
+weights' (W), `Stage.input_gradients` and `Stage.weight_gradients`. Each stage adds a micro-batch's gradients to its
 running sum as its backward produces them (every schedule runs a stage's
 backwards in micro-batch order, so the sum is in micro-batch order), and the
 sums are applied once per batch. With M = 1 it is naive model parallelism
@@ -33,16 +36,7 @@ from tfdist.model_parallel import placed_updates, plan, schedules, surgery, upda
 from tfdist.model_parallel import stage as stage_lib
 
 
-def _add(a, b):
-    """a + b for gradients: IndexedSlices (an Embedding's) are concatenated, not densified."""
-    import tensorflow as tf
-
-    if a is None or b is None:
-        return b if a is None else a
-    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
-                                tf.concat([a.indices, b.indices], 0), dense_shape=a.dense_shape)
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+_add = stage_lib.add_gradients
 
 
 def _dense(t):
@@ -65,15 +59,19 @@ def _model_class():
             stage_devices: The device of each stage, or its tuple of devices
                 when the stage is tensor-parallel (it runs under the first).
             microbatches: Micro-batches per batch (M); the batch must divide by it.
-            schedule: "gpipe" or "1f1b".
+            schedule: One of `schedules.NAMES`.
+            virtual: V, chunks a device holds (interleaved); the plan has P·V stages.
         """
 
-        def __init__(self, inner, plan, microbatches=1, schedule="gpipe", copies=(), **kwargs):
+        def __init__(self, inner, plan, microbatches=1, schedule="gpipe", copies=(),
+                     virtual=1, **kwargs):
             super().__init__(**kwargs)
             self.inner = inner
             self.microbatches = int(microbatches)
             self.schedule_name = schedule
-            self.schedule = schedules.build(schedule, plan.num_stages, self.microbatches)
+            self.virtual_stages = int(virtual)
+            self.schedule = schedules.build(schedule, plan.num_stages // self.virtual_stages,
+                                            self.microbatches, self.virtual_stages)
             # Copy 0 is `inner`; the others (data-parallel copies of the pipeline) are
             # kept out of Keras's tracking (set past its `__setattr__`), so the model's
             # variables, its backups and its optimizer's slots are copy 0's alone.
@@ -228,41 +226,67 @@ def _model_class():
                 ([each stage's variables' gradients, summed over the micro-batches],
                 the micro-batches' losses, their predictions).
             """
-            m, p = len(xs), len(self.stage_devices)
+            m, p = len(xs), len(self.schedule)
             stages = self.pipelines[c]
-            tapes, ins, outs, targets = {}, {}, {}, {}
+            split = any(a[0] == "I" for actions in self.schedule for a in actions)
+            tapes, ins, outs, targets, calls = {}, {}, {}, {}, {}
             upstream = {}
             sums = [[None] * len(stage.variables) for stage in stages]
             losses, preds = [None] * m, [None] * m
-            last = [[] for _ in range(p)]  # each stage's previous action, to keep the order
-            for s, kind, i in schedules.order(self.schedule):
-                with tf.device(stages[s].device), tf.control_dependencies(last[s]):
+            last = [[] for _ in range(p)]  # each device's previous action, to keep the order
+
+            def loss(i, out):  # the last stage's: mean of equal micro-batch means, scaled
+                preds[i] = self._pack(out)
+                losses[i] = self._compute_loss(x=xs[i], y=ys[i], y_pred=preds[i],
+                                               sample_weight=sws[i], training=True)
+                return [self.optimizer.scale_loss(losses[i] / parts)]
+
+            for d, kind, i, k in schedules.order(self.schedule):
+                stage = stages[k]
+                with tf.device(stage.device), tf.control_dependencies(last[d]):
                     if kind == "F":
-                        h = xs[i] if s == 0 else outs[(i, s - 1)]
+                        h = xs[i] if k == 0 else outs[(i, k - 1)]
                         with tf.GradientTape() as tape:
-                            if s > 0:  # the model's own inputs (maybe tokens) need no gradient
-                                tape.watch([t for t in h if t.dtype.is_floating])
-                            out = stages[s].forward(list(h), training=True)
-                            if s == p - 1:
-                                pred = self._pack(out)
-                                losses[i] = self._compute_loss(
-                                    x=xs[i], y=ys[i], y_pred=pred, sample_weight=sws[i],
-                                    training=True)
-                                preds[i] = pred
-                                # Mean of equal micro-batch means; scaled under mixed_float16.
-                                targets[(i, s)] = [self.optimizer.scale_loss(losses[i] / parts)]
-                        tapes[(i, s)], ins[(i, s)], outs[(i, s)] = tape, h, out
-                        last[s] = tree.flatten(out)
-                    else:
-                        grads, upstream[(i, s - 1)] = stages[s].backward(
-                            tapes.pop((i, s)), ins.pop((i, s)),
-                            targets.pop((i, s), None) or outs[(i, s)],
-                            upstream.pop((i, s), None))
-                        # Summed now, and the stage's next action waits for the sum, so a
+                            if split:
+                                out, calls[(i, k)] = stage.forward_split(list(h), training=True)
+                                tape.watch([t for t in out if t.dtype.is_floating])
+                            else:
+                                if k > 0:  # the model's inputs (maybe tokens) need no gradient
+                                    tape.watch([t for t in h if t.dtype.is_floating])
+                                out = stage.forward(list(h), training=True)
+                            if stage.last:
+                                targets[(i, k)] = loss(i, out)
+                        tapes[(i, k)], ins[(i, k)], outs[(i, k)] = tape, h, out
+                        last[d] = tree.flatten(out)
+                    elif kind == "B":
+                        grads, upstream[(i, k - 1)] = stage.backward(
+                            tapes.pop((i, k)), ins.pop((i, k)),
+                            targets.pop((i, k), None) or outs[(i, k)],
+                            upstream.pop((i, k), None))
+                        # Summed now, and the device's next action waits for the sum, so a
                         # stage holds one micro-batch's gradients beside its running sum,
                         # never M sets at once.
-                        sums[s] = [_add(t, g) for t, g in zip(sums[s], grads)]
-                        last[s] = [_dense(t) for t in sums[s] if t is not None]
+                        sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
+                        last[d] = [_dense(t) for t in sums[k] if t is not None]
+                    elif kind == "I":
+                        tape, out = tapes.pop((i, k)), outs[(i, k)]
+                        if stage.last:  # the loss's gradient for the outputs: its own tape
+                            floating = [t for t in out if t.dtype.is_floating]
+                            made = iter(tape.gradient(targets.pop((i, k)), floating))
+                            given = [next(made) if t.dtype.is_floating else None for t in out]
+                        else:
+                            given = upstream.pop((i, k))
+                        ins.pop((i, k))
+                        upstream[(i, k - 1)], calls[(i, k)] = stage.input_gradients(
+                            calls.pop((i, k)), given)
+                        # The next action waits for this one's gradients (the output
+                        # gradients kept for W where no input takes one).
+                        last[d] = [_dense(t) for t in upstream[(i, k - 1)] if t is not None] or [
+                            _dense(g) for call in calls[(i, k)] for _, g in call.given]
+                    else:  # "W": its weights' gradients, summed in micro-batch order
+                        grads = stage.weight_gradients(calls.pop((i, k)))
+                        sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
+                        last[d] = [_dense(t) for t in sums[k] if t is not None]
             return sums, losses, preds
 
         def save(self, filepath, *args, **kwargs):
@@ -278,7 +302,8 @@ def _model_class():
 
 
 def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1,
-          schedule: str = "gpipe", tensor_parallel: int = 1, copies: int = 1):
+          schedule: str = "gpipe", tensor_parallel: int = 1, copies: int = 1,
+          virtual_stages: int = 1):
     """Cuts a model into placed stages trained with micro-batches, each maybe tensor-parallel.
 
     Args:
@@ -289,7 +314,7 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             layer groups in model order, one stage per group. Layers without
             weights go with the layer before them in both cases.
         microbatches: M, micro-batches per batch; M = 1 is naive model parallelism.
-        schedule: "gpipe" or "1f1b".
+        schedule: One of `schedules.NAMES` ("gpipe", "1f1b", "interleaved", "zb").
         tensor_parallel: T, devices per stage: stage s runs on
             devices[s*T:(s+1)*T] (so `devices` holds P*T for P stages), its
             attention layers split by heads and its feed-forward Dense pairs
@@ -299,6 +324,8 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             groups of P*T (copy-major); each copy takes 1/C of every batch, the
             copies' gradients are summed before the one update (on copy 0),
             and every copy then takes copy 0's weights.
+        virtual_stages: V, chunks each device holds under "interleaved": the
+            model is cut into P·V chunks, chunk k on the device of k mod P.
 
     Returns:
         A `PipelineModel` (uncompiled) starting from `model`'s weights.
@@ -306,7 +333,12 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
     Raises:
         ConfigError: for a model that cannot be cut, a bad placement, a missing device.
     """
-    schedules.build(schedule, 1, 1)  # the name, before any work
+    # The name and V, before any work (M against P: when the model is built, and
+    # before TensorFlow starts in the strategy's check).
+    schedules.build(schedule, 1, 1, virtual_stages)
+    if virtual_stages > 1 and placement:
+        raise ConfigError(f"--virtual-stages {virtual_stages} cuts the model evenly into "
+                          "chunks; --placement names one group per stage. Drop one of them.")
     if copies > 1 and (placement or not devices or len(devices) % copies):
         raise ConfigError(f"{copies} copies of the pipeline need devices for each "
                           f"(copy-major) and no placement. Received: {len(devices or [])} "
@@ -323,7 +355,7 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
         if not first_devices:
             raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) "
                               "or --placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
-        stage_groups = _groups(first_devices, t)
+        stage_groups = _chunks(_groups(first_devices, t), virtual_stages)
         cuts = graph_lib.balanced_cuts(graph, len(stage_groups))
     bounds = (0, *cuts, len(graph.nodes))
     stage_of = {}
@@ -334,14 +366,14 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
                     f"Layer {node.layer!r} is called in stage {stage_of[node.layer]} and stage "
                     f"{s}; a shared layer's weights live on one device. Keep its calls in one "
                     "stage (--placement), or use a data-parallel strategy.")
-    copy_groups = [stage_groups] + [_groups(devices[c * per:(c + 1) * per], t)
-                                    for c in range(1, copies)]
+    copy_groups = [stage_groups] + [_chunks(_groups(devices[c * per:(c + 1) * per], t),
+                                            virtual_stages) for c in range(1, copies)]
     split_plan = stage_lib.SplitPlan(bounds, tuple(n.layer for n in graph.nodes),
                                      tuple(tuple(g) for g in copy_groups))
     clones = [surgery.placed_clone(model, {name: groups[s] for name, s in stage_of.items()})
               for groups in split_plan.copy_groups]
     out = _model_class()(clones[0], split_plan, microbatches, schedule, copies=clones[1:],
-                         name=model.name)
+                         virtual=virtual_stages, name=model.name)
     object.__setattr__(out, "plain_json", model.to_json())  # what the run's weights load into
     return out
 
@@ -355,6 +387,11 @@ def _stages(copy, split_plan, groups):
                           "than the model it was cut from; it cannot take the same stages.")
     return [stage_lib.Stage(s, graph, nodes, split_plan.bounds, copy, devices)
             for s, devices in enumerate(groups)]
+
+
+def _chunks(groups, virtual):
+    """Each of the P·V chunks' devices: chunk k on stage k mod P's."""
+    return [groups[k % len(groups)] for k in range(len(groups) * virtual)]
 
 
 def _groups(devices, t):

@@ -8,13 +8,43 @@ computed where its forward ran, not on the client). `PipelineModel` holds one
 list of stages per data-parallel copy and runs a schedule over them
 (`tfdist.model_parallel.schedules`).
 
+Under zero-bubble schedules a stage's backward comes in two halves
+(`forward_split`, `input_gradients`, `weight_gradients`): each layer call
+runs under a tape of its own, the input gradients are taken call by call
+from the last back (keeping each call's output gradient), and the weight
+gradients later from those, with the same ops as one tape's.
+
 A `SplitPlan` is what `pipeline.split` decides and hands to the model: where
-the cuts fall and the devices of each copy's stages.
+the cuts fall and the devices of each copy's stages (under interleaving a
+device holds several non-adjacent chunks, each a `Stage`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+
+def add_gradients(a, b):
+    """a + b for gradients: IndexedSlices (an Embedding's) are concatenated, not densified."""
+    import tensorflow as tf
+
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                                tf.concat([a.indices, b.indices], 0), dense_shape=a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+@dataclasses.dataclass
+class _Call:
+    """One layer call of a split-backward forward: its tape, tensors and variables."""
+
+    tape: object
+    inputs: list  # (tensor id, value) of the floating inputs that need a gradient
+    outputs: list  # (tensor id, value)
+    variables: list
+    given: list = dataclasses.field(default_factory=list)  # (output value, its gradient)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +57,7 @@ class SplitPlan:
         layers: The layer name of each node (checks that a copy has the same order).
         copy_groups: For each data-parallel copy, each stage's tuple of devices
             (one device, or T under tensor parallelism; a stage runs under the first).
+            Under interleaving, P·V chunks: chunk k on the device of k mod P.
     """
 
     bounds: tuple
@@ -123,6 +154,88 @@ class Stage:
         into_inputs = [next(into) if (differentiable and t.dtype.is_floating) else None
                        for t in inputs]
         return list(rest), into_inputs
+
+    def forward_split(self, values, training=None):
+        """`forward` with each layer call under a tape of its own (zero-bubble schedules).
+
+        Returns:
+            (outputs aligned with `outputs`, the calls' record for `input_gradients`).
+        """
+        import tensorflow as tf
+        from keras import tree
+
+        known = dict(zip(self.inputs, values))
+        # The model's own inputs (maybe tokens) need no gradient; every later tensor may.
+        needs = set(self.inputs) if self.index > 0 else set()
+        ours = {id(v) for v in self.variables}
+        calls = []
+        with tf.device(self.device):
+            for node in self._nodes:
+                args, kwargs = node.arguments.fill_in(known)
+                layer = node.operation
+                if training is not None and "training" in getattr(
+                        layer, "_call_context_args", {}):
+                    kwargs["training"] = training
+                ins = [(id(t), known[id(t)]) for t in dict.fromkeys(node.input_tensors)
+                       if id(t) in needs and known[id(t)].dtype.is_floating]
+                with tf.GradientTape(persistent=True) as tape:
+                    tape.watch([v for _, v in ins])
+                    out = tree.flatten(layer(*args, **kwargs))
+                for ref, value in zip(node.outputs, out):
+                    known[id(ref)] = value
+                    needs.add(id(ref))
+                calls.append(_Call(tape, ins, [(id(r), v) for r, v in zip(node.outputs, out)],
+                                   [v for v in layer.trainable_weights if id(v) in ours]))
+        return [known[i] for i in self.outputs], calls
+
+    def input_gradients(self, calls, upstream):
+        """The first half of a split backward: its inputs' gradients, call by call.
+
+        Args:
+            calls: `forward_split`'s record.
+            upstream: Gradients aligned with `outputs` (None where none flows).
+
+        Returns:
+            (its inputs' gradients, None where none flows; the calls that
+            `weight_gradients` takes, each holding its output gradients).
+        """
+        import tensorflow as tf
+
+        grads = {i: g for i, g in zip(self.outputs, upstream) if g is not None}
+        pending = []
+        with tf.device(self.device):
+            for call in reversed(calls):
+                call.given = [(v, grads[i]) for i, v in call.outputs if i in grads]
+                if not call.given:
+                    continue
+                targets, given = zip(*call.given)
+                if call.inputs:
+                    into = call.tape.gradient(list(targets), [v for _, v in call.inputs],
+                                              output_gradients=list(given))
+                    for (i, _), g in zip(call.inputs, into):
+                        grads[i] = add_gradients(grads.get(i), g)
+                pending.append(call)
+        into_inputs = [grads.get(i) if self.index > 0 else None for i in self.inputs]
+        return into_inputs, pending
+
+    def weight_gradients(self, pending):
+        """The second half: its variables' gradients from the calls' output gradients.
+
+        Returns:
+            Aligned with `variables`, None where none flows.
+        """
+        import tensorflow as tf
+
+        sums = {id(v): None for v in self.variables}
+        with tf.device(self.device):
+            for call in pending:
+                if call.variables:
+                    targets, given = zip(*call.given)
+                    made = call.tape.gradient(list(targets), call.variables,
+                                              output_gradients=list(given))
+                    for v, g in zip(call.variables, made):
+                        sums[id(v)] = add_gradients(sums[id(v)], g)
+        return [sums[id(v)] for v in self.variables]
 
     def assign_from(self, other) -> None:
         """Gives this stage's weights the values of `other`'s (the same stage of another copy)."""

@@ -57,7 +57,7 @@ BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
 # --shard-optimizer-state too: where the optimizer state lives, not what it is (tfdist.zero).
 LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
-                    "tensor_parallel", "shard_optimizer_state"})
+                    "tensor_parallel", "shard_optimizer_state", "virtual_stages"})
 
 
 def run_config(cfg: dict) -> dict:

@@ -51,7 +51,7 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
     if devices is None and not options.placement:
         devices = local_devices(options.devices)
     split = pipeline.split(model, devices, options.placement, microbatches, schedule,
-                           options.tensor_parallel, copies)
+                           options.tensor_parallel, copies, options.virtual_stages)
     table = plan.format_placement(placement.placement_rows(split.pipeline_layers))
     tensor = (f", {options.tensor_parallel}-way tensor parallel in each"
               if options.tensor_parallel > 1 else "")

@@ -51,7 +51,9 @@ class StrategyOptions:
             all-reduce after the whole backward pass; -1: the engine's measured
             default (`tfdist.buckets.ENGINE_DEFAULTS_MB`).
         microbatches: Micro-batches per batch (pipeline).
-        schedule: The pipeline schedule, "gpipe" or "1f1b".
+        schedule: The pipeline schedule, "gpipe", "1f1b", "interleaved" or "zb".
+        virtual_stages: Chunks of the model each pipeline stage holds
+            (V, interleaved schedule only).
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
         stages: Pipeline stages across processes (0: one per task).
@@ -92,8 +94,12 @@ class StrategyOptions:
         "(ZeRO-1; docs/zero.md)"))
     microbatches: int = _declared(Option(1, "micro-batches per batch (pipeline)", ge=1))
     schedule: str = _declared(Option(
-        "gpipe", "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (at "
-        "most P micro-batches' activations per stage)", choices=PIPELINE_SCHEDULES))
+        "gpipe", "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (at most "
+        "P micro-batches' activations per stage), interleaved (V chunks a stage, "
+        "--virtual-stages) or zb (zero bubble: weight gradients fill the bubble)",
+        choices=PIPELINE_SCHEDULES))
+    virtual_stages: int = _declared(Option(
+        1, "chunks of the model each pipeline stage holds (--schedule interleaved)", ge=1))
     placement: str = _declared(Option(
         "", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: an even split "
         "over --devices)"))

@@ -31,15 +31,30 @@ def transform_model(model, options, devices=None, copies=1):
         devices: The stages' devices (tasks across processes); None: local devices.
         copies: Data-parallel copies of the pipeline over `devices` (copy-major).
     """
-    from tfdist.model_parallel import plan
+    from tfdist.model_parallel import simulate
 
     split = model_parallel.transform_model(model, options, options.microbatches,
                                            options.schedule, devices=devices, copies=copies)
-    p = len(split.stage_devices)
+    v = options.virtual_stages
+    p = len(split.stage_devices) // v
     data = f" x {copies} data-parallel copies" if copies > 1 else ""
-    print(f"tfdist: pipeline p={p}{data} m={options.microbatches} schedule={options.schedule} "
-          f"theoretical bubble {plan.bubble_fraction(p, options.microbatches):.3f}", flush=True)
+    bubble = simulate.formula(options.schedule, p, options.microbatches, v)
+    print(f"tfdist: pipeline p={p}{data} m={options.microbatches} schedule={options.schedule}"
+          f"{f' v={v}' if v > 1 else ''} theoretical bubble {bubble:.3f}", flush=True)
     return split
+
+
+def check_schedule(options, stages: int) -> None:
+    """Pure check of --schedule, --virtual-stages and --microbatches against P stages.
+
+    Raises:
+        ConfigError: what `schedules.build` refuses (V without interleaved, M not a
+            multiple of P under interleaved).
+    """
+    from tfdist.model_parallel import schedules
+
+    schedules.build(options.schedule, max(stages, 1), options.microbatches,
+                    options.virtual_stages)
 
 
 def check_one_process(options) -> None:
@@ -140,7 +155,7 @@ class Pipeline(model_parallel.ModelParallel):
     name = "pipeline"
     loop = "stages"
     accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel", "stages",
-               "collective_timeout_s")
+               "collective_timeout_s", "virtual_stages")
     one_process = False  # one stage per task when started as several
     portable = True  # the same math as one device: a backup resumes at any P, or unsplit
 
@@ -162,10 +177,16 @@ class Pipeline(model_parallel.ModelParallel):
             _, copies = tasks.layout(cluster.num_tasks, options.stages)
             tasks.check_batch(settings.training.global_batch_size, copies,
                                options.microbatches)
+            check_schedule(options, tasks.layout(cluster.num_tasks, options.stages)[0])
             # Not ModelParallel's: its --devices/--tensor-parallel rule is one process's.
             super(model_parallel.ModelParallel, cls).check_config(settings, cluster)
             return
         check_one_process(options)
+        from tfdist.model_parallel import plan
+
+        check_schedule(options, len(plan.parse_placement(options.placement))
+                       if options.placement else
+                       (options.devices or 0) // max(options.tensor_parallel, 1))
         super().check_config(settings, cluster)
 
     @classmethod

@@ -1,0 +1,76 @@
+"""A schedule run on paper: each action's start and end from its duration. Pure Python.
+
+Each device runs its actions in the schedule's order, each as soon as its
+device is free and what it waits for (`schedules.order`'s rule) has ended,
+plus `hop` for a tensor that crosses from another device. With unit times this
+gives each schedule's bubble from its formula (tests/model_parallel/
+test_schedules.py); with measured times (`planner`) a step's prediction.
+"""
+
+from __future__ import annotations
+
+from tfdist.model_parallel import schedules
+
+UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+
+
+def unit_cost(virtual: int = 1):
+    """(kind, chunk) -> time: a forward 1, its input and weight gradients 1 each,
+    divided over V chunks a stage."""
+    return lambda kind, chunk: UNIT[kind] / virtual
+
+
+def run(schedule: list[list[tuple]], cost, hop: float = 0.0) -> dict:
+    """Pure function: when each device is busy, running `schedule` with durations `cost`.
+
+    Args:
+        schedule: Actions per device (`schedules`).
+        cost: (kind, chunk) -> seconds (or units).
+        hop: Added where a forward or input gradient crosses to another device.
+
+    Returns:
+        {"step": the last end, "busy": [per device, the sum of its actions],
+        "bubble": 1 - mean(busy) / step, "ends": {(kind, i, chunk): end}}.
+    """
+    p = len(schedule)
+    free = [0.0] * p
+    busy = [0.0] * p
+    end: dict = {}
+    count = 1 + max((schedules.parts(a, d)[2] for d, acts in enumerate(schedule)
+                     for a in acts), default=p - 1)
+
+    def after(key, from_device, device):
+        t = end.get(key, 0.0)
+        return t + (hop if key in end and from_device != device else 0.0)
+
+    for d, kind, i, k in schedules.order(schedule):
+        if kind == "F":
+            ready = after(("F", i, k - 1), (k - 1) % p, d) if k else 0.0
+        elif kind == "W":
+            ready = end[("G", i, k)]
+        else:
+            ready = max(end[("F", i, k)], after(("G", i, k + 1), (k + 1) % p, d)
+                        if k + 1 < count else 0.0)
+        start = max(free[d], ready)
+        took = cost(kind, k)
+        free[d] = start + took
+        busy[d] += took
+        if kind != "W":
+            end[("F" if kind == "F" else "G", i, k)] = free[d]
+        if kind != "F":  # the weights' gradient is made (B, W) or on its way (I)
+            end[("W", i, k)] = free[d]
+    step = max(free) if free else 0.0
+    return {"step": step, "busy": busy, "ends": end,
+            "bubble": 1.0 - (sum(busy) / p) / step if step else 0.0}
+
+
+def formula(name: str, stages: int, microbatches: int, virtual: int = 1) -> float:
+    """Pure function: the bubble each schedule's paper gives, for balanced stages and
+    equal forward, input-gradient and weight-gradient times.
+
+    gpipe and 1f1b (P-1)/(M+P-1); interleaved (P-1)/(V·M+P-1); zb (ZB-H1)
+    (P-1)/(3M+P-1).
+    """
+    p, m = stages, microbatches
+    scale = {"interleaved": virtual, "zb": 3}.get(name, 1)
+    return (p - 1) / (scale * m + p - 1)
