@@ -90,7 +90,8 @@ def _run(out, processes, args):
 
 
 def _load(out):
-    """{worker: {cell: weights dict, or the refusal's text}}."""
+    """{worker: {cell: weights dict, or the refusal's text}}; "init:MODEL" the starting
+    weights, "state:ROW" a row's optimizer-state bytes (JSON)."""
     found = {}
     for worker in sorted(os.listdir(out)):
         cells = found.setdefault(worker, {})
@@ -99,6 +100,8 @@ def _load(out):
             stem, ext = os.path.splitext(name)
             if ext == ".init":
                 cells[f"init:{stem}"] = dict(np.load(path))
+            elif ext == ".state":  # a row's optimizer-state bytes (tests/integration/test_zero.py)
+                cells[f"state:{stem.removeprefix('state_')}"] = open(path).read()
             else:
                 cells[stem] = dict(np.load(path)) if ext == ".npz" else open(path).read()
     return found
@@ -133,7 +136,7 @@ def _assert_equal_weights(got, want, rtol=RTOL, atol=ATOL, cell=""):
 
 def _check_strategy(strategy, workers, reference, refused=()):
     cells = workers["worker0"]
-    plain = [c for c in cells if c.count("-") == 1 and not c.startswith("init:")
+    plain = [c for c in cells if c.count("-") == 1 and not c.startswith(("init:", "state:"))
              and c.split("-")[1] not in refused]
     least = 2 * (12 - len(refused))  # 12 optimizers (less those refused) x at least 2 models
     assert len(plain) >= least, sorted(cells)
@@ -152,7 +155,7 @@ def _check_strategy(strategy, workers, reference, refused=()):
 def test_single_replica_training_moved_every_weight_it_compares(matrix):
     # Guards against comparing two initialisations: each reference cell trained.
     cells = matrix("single")["worker0"]
-    plain = [c for c in cells if c.count("-") == 1 and not c.startswith("init:")]
+    plain = [c for c in cells if c.count("-") == 1 and not c.startswith(("init:", "state:"))]
     assert len(plain) == 36, sorted(cells)  # 12 optimizers x 3 models
     for cell in plain:
         start = _compared(cells[f"init:{cell.split('-')[0]}"])

@@ -80,7 +80,7 @@ def test_sharded_workers_equal_one_replica(runs, job):
 def test_each_worker_holds_its_share_of_the_state(runs, job):
     n = job[1]
     for optimizer in OPTIMIZERS:
-        states = [json.loads(w[f"state_dense+attention-{optimizer}"]) for w in runs[job].values()]
+        states = [json.loads(w[f"state:dense+attention-{optimizer}"]) for w in runs[job].values()]
         total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
         slots = [s["slot_bytes"] for s in states]
         assert sum(slots) == total, (optimizer, slots, total)
