@@ -119,11 +119,7 @@ class Stage:
         known = dict(zip(self.inputs, values))
         with tf.device(self.device):
             for node in self._nodes:
-                args, kwargs = node.arguments.fill_in(known)
-                layer = node.operation
-                if training is not None and "training" in getattr(
-                        layer, "_call_context_args", {}):
-                    kwargs["training"] = training
+                layer, args, kwargs = _call(node, known, training)
                 out = layer(*args, **kwargs)
                 for ref, value in zip(node.outputs, tree.flatten(out)):
                     known[id(ref)] = value
@@ -171,11 +167,7 @@ class Stage:
         calls = []
         with tf.device(self.device):
             for node in self._nodes:
-                args, kwargs = node.arguments.fill_in(known)
-                layer = node.operation
-                if training is not None and "training" in getattr(
-                        layer, "_call_context_args", {}):
-                    kwargs["training"] = training
+                layer, args, kwargs = _call(node, known, training)
                 ins = [(id(t), known[id(t)]) for t in dict.fromkeys(node.input_tensors)
                        if id(t) in needs and known[id(t)].dtype.is_floating]
                 with tf.GradientTape(persistent=True) as tape:
@@ -245,3 +237,13 @@ class Stage:
             for mine, theirs in zip((w for layer in self.layers for w in layer.weights),
                                     (w for layer in other.layers for w in layer.weights)):
                 mine.assign(theirs)
+
+
+def _call(node, known, training):
+    """(layer, args, kwargs) of a Keras layer call, its inputs taken from `known` (tensor
+    id -> value) and `training` passed to a layer that takes it (None: its default)."""
+    args, kwargs = node.arguments.fill_in(known)
+    layer = node.operation
+    if training is not None and "training" in getattr(layer, "_call_context_args", {}):
+        kwargs["training"] = training
+    return layer, args, kwargs
