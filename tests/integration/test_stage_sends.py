@@ -7,7 +7,8 @@ queues each forward's `_Send` behind the stage's next forwards, so stage 1's
 first forward starts only after stage 0's last: the forward is not pipelined
 (the upstream behaviour). With tfdist's default of two, stage 1 computes a
 micro-batch while stage 0 computes the next (in most steps: the two threads
-share one core).
+share one core). Either order is settled per run, and a run in about five
+keeps the other one throughout, so each claim is asked of one of three runs.
 """
 
 from __future__ import annotations
@@ -51,13 +52,29 @@ def _stage1_waits_for_all_of_stage0s_forwards(tmp_path, extra):
     return waited
 
 
+def _some_run_shows(tmp_path, extra, pattern, runs=3):
+    """Whether one of up to `runs` traced runs shows `pattern` (over its steps' waits).
+
+    Which order a run settles into is decided per run, not per step: about one
+    run in five here keeps the other order in (almost) every step, for either
+    thread count (seen once in CI for one thread, once locally for two). So each
+    claim must hold in one of three runs; a change upstream fails all three.
+    """
+    seen = []
+    for i in range(runs):
+        waited = _stage1_waits_for_all_of_stage0s_forwards(tmp_path / str(i), extra)
+        if pattern(waited):
+            return True
+        seen.append(waited)
+    raise AssertionError(f"{extra or 'default'}: no run showed the pattern; waits per run: {seen}")
+
+
 def test_one_inter_op_thread_holds_every_send_until_the_last_forward_two_do_not(tmp_path):
     # The upstream behaviour: stage 1 starts after stage 0's last forward, every step.
-    assert all(_stage1_waits_for_all_of_stage0s_forwards(
-        tmp_path / "one", ["--inter-op-threads", "1"]))
+    assert _some_run_shows(tmp_path / "one", ["--inter-op-threads", "1"], all)
     # tfdist's default (two threads): stage 1 starts while stage 0 still runs forwards,
     # in most steps. Not all: both threads share stage 0's one core, and in a step where
     # the kernel keeps the forward thread running the sends can still wait (a CI run
     # saw it in 1 step of 7).
-    waited = _stage1_waits_for_all_of_stage0s_forwards(tmp_path / "default", [])
-    assert sum(waited) < len(waited) / 2, waited
+    assert _some_run_shows(tmp_path / "default", [],
+                           lambda waited: sum(waited) < len(waited) / 2)
