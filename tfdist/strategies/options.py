@@ -65,7 +65,7 @@ class StrategyOptions:
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
         shard_optimizer_state: Each worker keeps and updates the optimizer
             state of its share of the variables only (ZeRO-1; multi_worker,
-            shm; `tfdist.zero`).
+            shm, horovod; `tfdist.zero`).
     """
 
     devices: int = _declared(Option(
