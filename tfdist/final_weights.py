@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 
 ARCHITECTURE = "model.json"
+KERAS = "model.keras"
 WEIGHTS = "model.weights.json"
 SHARD_GB = 1.0  # largest .weights.h5 shard (Keras's max_shard_size, in GB)
 HEADROOM_FACTOR = 3  # model.save holds the gathered weights, Keras's buffer and the file's
@@ -65,16 +66,8 @@ class _Resolving:
         return getattr(self._store, name)
 
 
-def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
-    """Writes ARCHITECTURE and WEIGHTS (with its shards) into `directory`.
-
-    Args:
-        architecture: The plain model's `to_json()`.
-        read: As `values_of` returns: every plain weight's path -> its value.
-        directory: Where the files go (an empty temporary one: the caller moves them).
-
-    Returns:
-        The file names written, the index (WEIGHTS) last.
+def _resolving_model(architecture: str, read: dict):
+    """A valueless model of `architecture` whose layers save each weight as `read` gives it.
 
     Raises:
         ValueError: naming a weight of the architecture that `read` lacks.
@@ -93,11 +86,42 @@ def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
         own = type(layer).save_own_variables
         layer.save_own_variables = (
             lambda store, layer=layer, own=own: own(layer, _Resolving(store, read)))
+    return plain
+
+
+def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
+    """Writes ARCHITECTURE and WEIGHTS (with its shards) into `directory`.
+
+    Args:
+        architecture: The plain model's `to_json()`.
+        read: As `values_of` returns: every plain weight's path -> its value.
+        directory: Where the files go (an empty temporary one: the caller moves them).
+
+    Returns:
+        The file names written, the index (WEIGHTS) last.
+
+    Raises:
+        ValueError: naming a weight of the architecture that `read` lacks.
+    """
+    plain = _resolving_model(architecture, read)
     with open(os.path.join(directory, ARCHITECTURE), "w", encoding="utf-8") as f:
         f.write(architecture)
     plain.save_weights(os.path.join(directory, WEIGHTS), max_shard_size=SHARD_GB)
     names = sorted(os.listdir(directory))
     return [n for n in names if n != WEIGHTS] + [WEIGHTS]
+
+
+def save_keras(architecture: str, read: dict, directory: str) -> list[str]:
+    """Writes the plain model as `model.keras` into `directory`, each weight from `read`.
+
+    As `save_sharded`, but one file: Keras's own zip, uncompiled (no optimizer).
+
+    Returns:
+        ["model.keras"].
+    """
+    plain = _resolving_model(architecture, read)
+    plain.save(os.path.join(directory, KERAS))
+    return [KERAS]
 
 
 def sharded_files(directory: str) -> list[str]:

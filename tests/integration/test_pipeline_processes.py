@@ -245,6 +245,31 @@ def test_the_sharded_final_weights_load_with_keras_alone(runs):
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_newest_backup_exports_to_either_form_with_the_final_weights(runs, tmp_path):
+    # The tensor-parallel stages' backup (shards of each weight, on two tasks) as the
+    # plain model, one weight at a time; its newest backup is the last step's.
+    weights, model_dir, _ = runs["two_tp"]
+    script = ("import sys, keras, numpy as np; d = sys.argv[1]; "
+              "m = (keras.saving.load_model(d + '/model.keras') if sys.argv[2] == 'keras' else "
+              "keras.models.model_from_json(open(d + '/model.json').read())); "
+              "sys.argv[2] == 'keras' or m.load_weights(d + '/model.weights.json'); "
+              "np.savez(d + '/loaded.npz', *m.get_weights())")
+    for form in ("sharded", "keras"):
+        out = str(tmp_path / form)
+        proc = run_py(["-m", "tfdist.export", model_dir, "--form", form, "--out", out],
+                      timeout=120)
+        assert proc.returncode == 0, tail(proc)
+        assert "ckpt-0000000022.npz (step 22)" in proc.stdout, proc.stdout
+        assert not [n for n in os.listdir(out) if n.startswith(".export-")]
+        loaded = run_py(["-c", script, out, form], timeout=120)
+        assert loaded.returncode == 0, tail(loaded)
+        with np.load(os.path.join(out, "loaded.npz")) as npz:
+            arrays = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+        assert len(arrays) == len(weights)
+        for a, b in zip(arrays, weights):
+            np.testing.assert_array_equal(a, b)
+
+
 def _start_stages(dump, model_dir, delay_ms, extra=()):
     """Two stage tasks started by hand (no launcher to stop the chief)."""
     procs = []
