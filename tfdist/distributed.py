@@ -113,17 +113,19 @@ class Distributed:
         """The optimizer to compile with (horovod and shm wrap it in their all-reduce)."""
         return self.hooks.wrap_optimizer(optimizer)
 
-    def model(self, model):
+    def model(self, model, global_batch_size: int = 0):
         """The model to compile: `model` itself, or split over devices (model_parallel, pipeline).
 
         Args:
             model: A built, uncompiled Keras model (build it inside `scope()`).
+            global_batch_size: Examples a step, all replicas: needed by a
+                pipeline's planner (`schedule="auto"`, `balance="time"`).
 
         Raises:
             ConfigError: when the strategy cannot split this model (one line
                 naming the layer and what to do).
         """
-        return self.hooks.transform_model(model)
+        return self.hooks.transform_model(model, global_batch_size=global_batch_size)
 
     def compile_kwargs(self) -> dict:
         """Extra `model.compile` arguments the strategy needs (shm: no XLA)."""

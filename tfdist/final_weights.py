@@ -132,6 +132,12 @@ def headroom_bytes() -> int | None:
     return None if available is None else available * 1024
 
 
+def rss_bytes() -> int | None:
+    """This process's resident set in bytes (None: unknown)."""
+    rss = _proc_kb("/proc/self/status", "VmRSS")
+    return None if rss is None else rss * 1024
+
+
 def final_form(asked: str, plain_bytes: int, headroom: int | None) -> str:
     """Pure function: "keras" (model.keras) or "sharded" (model.json + sharded weights).
 
