@@ -53,6 +53,7 @@ def test_the_part_alternates_the_schedules_and_judges_each_against_1f1b():
     assert got["1f1b"]["bubble"] == pytest.approx(0.2)
     assert got["zb"]["bubble_below_1f1b"] and got["interleaved"]["bubble_below_1f1b"]
     assert got["zb"]["planner_vs_measured"] == pytest.approx(0.5 / 0.4)
+    assert got["zb"]["planner_peak_vs_rss"] == [pytest.approx(2**-10)] * 2
     assert "predicted / 1f1b" in pp.table({"schedules": result})
     with pytest.raises(ValueError, match="must start with 1f1b"):
         ps.measure(parser.parse_args(["--schedules", "zb,1f1b"]), run_job, planned, trace)
