@@ -179,8 +179,8 @@ def setup(strategy: str = "auto", **options) -> Distributed:
             (`devices`: local replicas, GPUs or the CPU split into this many;
             `collective`, `collective_timeout_s`, `startup_timeout_s`,
             `grad_compression`, `bucket_mb`, `shard_optimizer_state` (`tfdist.zero`),
-            `microbatches`, `schedule`,
-            `placement`, `stages`, `tensor_parallel`, `ps_shards`,
+            `microbatches`, `schedule` (with "auto": pass `global_batch_size` to
+            `model()`), `virtual_stages`, `balance`, `placement`, `stages`, `tensor_parallel`, `ps_shards`,
             `min_shard_bytes`), and `threads`, `inter_op_threads`, `tf_logs` (show
             TensorFlow's C++ start-up lines): `tfdist.config.SCRIPT_OPTIONS`.
             None leaves an option at its default.
