@@ -89,7 +89,8 @@ def check_schedule(options, stages: int) -> None:
     asked = [f for f, on in (("--schedule auto", options.schedule == "auto"),
                              ("--balance time", options.balance == "time")) if on]
     if asked and options.placement:
-        raise ConfigError(f"{' and '.join(asked)} let the planner cut the model; --placement "
+        raise ConfigError(f"{' and '.join(asked)} {'let' if len(asked) > 1 else 'lets'} the "
+                          "planner cut the model; --placement "
                           "names the cuts itself. Drop one of them.")
     if options.schedule == "auto":  # V is the one interleaving is offered with
         return
