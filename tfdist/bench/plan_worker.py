@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(2)
     import keras  # noqa: F401  (in the baseline, as a stage task holds it)
 
-    from tfdist import final_weights
+    from tfdist import memory_limit
     from tfdist import recipe as recipe_lib
     from tfdist import train
     from tfdist.bench import runs
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     from tfdist.model_parallel import planner, profile
 
     tf.constant(0.0) + 1.0  # TensorFlow's runtime started, as in a stage task
-    baseline = final_weights.rss_bytes() or 0
+    baseline = memory_limit.rss_bytes() or 0
     recipe, cfg = train.parse(rest)
     model = recipe_lib.build_model(recipe, cfg)
     costs = profile.layer_costs(model, profile.sample_inputs(model, rows))

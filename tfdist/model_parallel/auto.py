@@ -7,7 +7,7 @@ schedule's prediction (`planner.plan`) printed as a table beside the
 placement table, and under `--schedule auto` the fastest predicted schedule
 whose every process fits its memory (`planner.choose`): a memory cgroup's
 limit where one is set, else what the machine has available, read by
-`tfdist.final_weights.headroom_bytes` plus what this process already holds.
+`tfdist.memory_limit.headroom_bytes` plus what this process already holds.
 The predictions count what this process holds now as each process's
 baseline (TensorFlow's own memory, about 690 MB on CPU).
 """
@@ -66,10 +66,10 @@ def process_peaks(predictions: dict, stages_per_process: int, baseline: int) -> 
 def memory_limit() -> tuple[int | None, int]:
     """(bytes a process may hold: its cgroup limit or available memory plus its own
     RSS, None when unknown; this process's RSS now, the baseline)."""
-    from tfdist import final_weights
+    from tfdist import memory_limit as memory
 
-    rss = final_weights.rss_bytes() or 0
-    headroom = final_weights.headroom_bytes()
+    rss = memory.rss_bytes() or 0
+    headroom = memory.headroom_bytes()
     return (None if headroom is None else headroom + rss), rss
 
 
