@@ -52,7 +52,7 @@ def transform_model(model, options, devices=None, copies=1, global_batch_size=0)
             raise ConfigError("--schedule auto and --balance time size the planner's "
                               "micro-batch from the batch: pass global_batch_size to "
                               "tfdist's model() (python -m tfdist.train does).")
-        across = devices is not None
+        across = devices is not None  # only the stage tasks' hooks name the devices
         devices = devices if across else local_devices(options.devices)
         stages = len(devices) // (copies * options.tensor_parallel)
         planned = auto.plan(model, options, stages,
