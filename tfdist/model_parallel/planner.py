@@ -165,8 +165,9 @@ def choose(predictions: dict[str, dict], memory_limit_bytes: int | None = None) 
         peaks = ", ".join(f"{n} {max(p['peak_bytes']) / 2**20:.0f} MiB"
                           for n, p in predictions.items())
         raise ConfigError(f"No pipeline schedule fits {memory_limit_bytes / 2**20:.0f} MiB a "
-                          f"device (predicted peaks: {peaks}). Use more stages or fewer "
-                          "micro-batches in flight (--schedule 1f1b).")
+                          f"process (predicted peaks: {peaks}). Use more stages (each holds "
+                          "less of the model), a smaller --global-batch-size (fewer "
+                          "activation bytes in flight), or free memory.")
     return min(fits, key=lambda n: (fits[n]["step_s"], n))
 
 
