@@ -155,3 +155,27 @@ def test_schedule_auto_prints_the_planners_table_picks_one_and_trains_to_gpipes_
     weights = _train(_mlp, None, 2, data=_data(), split=split)[1]
     for a, b in zip(weights, _gpipe(1)):  # whatever it picked and wherever it cut
         np.testing.assert_array_equal(a, b)
+
+
+def test_schedule_auto_takes_the_one_schedule_that_fits_the_memory_limit(monkeypatch):
+    """The limit is a cgroup's or MemAvailable (`memory_limit`); here it is set so that
+    only the schedules with the smallest predicted peak fit (activation bytes are exact)."""
+    import keras
+
+    from tfdist import memory_limit
+    from tfdist.model_parallel import auto
+    from tfdist.strategies.options import StrategyOptions
+
+    options = StrategyOptions(microbatches=4, schedule="auto")
+    monkeypatch.setattr(memory_limit, "rss_bytes", lambda: 0)
+    monkeypatch.setattr(memory_limit, "headroom_bytes", lambda: None)
+    free = auto.plan(_mlp(keras), options, 2, 16, repeats=1)
+    peaks = {n: sum(p["peak_bytes"]) for n, p in free.predictions.items()}  # one process
+    smallest = min(peaks.values())
+    assert peaks["gpipe"] > smallest  # GPipe holds all 4 micro-batches
+    monkeypatch.setattr(memory_limit, "headroom_bytes", lambda: smallest)
+    tight = auto.plan(_mlp(keras), options, 2, 16, repeats=1)
+    assert peaks[tight.schedule] == smallest
+    assert "the fastest" in tight.lines[-1] and "fits 0 MiB a process" in tight.lines[-1]
+    fits = {row.split()[0]: row.split()[-1] for row in tight.lines[0].splitlines()[3:]}
+    assert fits["gpipe"] == "no" and fits[tight.schedule] == "yes"
