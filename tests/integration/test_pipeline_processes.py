@@ -21,7 +21,8 @@ launcher with exit 4 (lost peer), as the chief does.
 Schedules past 1F1B (#42): interleaved 1F1B (V = 2: 4 chunks, 2 on each of 2
 stage processes; 8 chunks on 4; and on 2 copies x 2 stages), zero bubble on 4
 stage processes and on 2 copies x 2 stages each end with one process's weights
-(rtol 1e-5).
+(rtol 1e-5), and so does `--schedule auto --balance time` on 2, whose chief
+prints the planner's table and runs its pick.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ RUNS = {"single": (1, ["--strategy", "single"]),
                                  "--virtual-stages", "2", *DEEP]),
         "zb_four": (4, [*PIPELINE, "--microbatches", "4", "--schedule", "zb"]),
         "zb_hybrid": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2", "--schedule", "zb"]),
+        # The planner on the chief, which holds the model without values: it times fresh
+        # copies of the layers, picks a schedule and cuts by the measured time.
+        "auto": (2, [*PIPELINE, "--microbatches", "4", "--schedule", "auto", "--balance",
+                     "time"]),
         # mixed_float16, one epoch: one process, and 2 stage processes with M = 1 (the
         # same batch through the same float16 ops, so the same weights to the bit).
         "single_fp16": (1, ["--strategy", "single", *FP16]),
@@ -144,13 +149,26 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["two", "hybrid", "two_tp", "interleaved",
                                   "interleaved_hybrid", "interleaved_four", "zb_four",
-                                  "zb_hybrid"])
+                                  "zb_hybrid", "auto"])
 def test_stage_processes_end_with_one_process_weights(runs, name):
     reference = {"hybrid": "single_e1", "two_tp": "single_e1", "interleaved_four": "deep_single"}
     single = runs[reference.get(name, "single")][0]
     assert len(single) == len(runs[name][0])
     for a, b in zip(runs[name][0], single):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_schedule_auto_prints_the_planners_table_and_runs_its_pick(runs):
+    out = runs["auto"][2].stdout
+    assert "[worker 0] tfdist: the planner's predictions (4 micro-batches of 16 rows" in out
+    assert "each stage process; cuts by time" in out
+    rows = [line.split()[2] for line in out.splitlines()
+            if line.startswith("[worker 0] ") and line.split()[2:3] and line.split()[-1]
+            in ("yes", "no")]
+    assert sorted(rows) == ["1f1b", "gpipe", "interleaved", "zb"]
+    (picked,) = [line for line in out.splitlines() if "--schedule auto picked" in line]
+    name = picked.split("picked ")[1].split(":")[0]  # "zb" or "interleaved v=2", ...
+    assert f"schedule={name} theoretical bubble" in out  # the pipeline runs the pick
 
 
 def test_stage_processes_at_43s_size_run_the_one_process_pipeline_to_the_bit(runs):
