@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 
-from tfdist import reshard
+from tfdist import backup_parts, reshard
 from tfdist.errors import CheckpointError
 from tfdist.model_dir import BACKUP_DIR
 
@@ -37,7 +37,10 @@ from tfdist.zero.optimizer import is_shard_slot
 # read from mirrored variables locally, which needs no collective, so other
 # workers never write anything, not even to a temporary place; except under
 # --shard-optimizer-state, where each worker writes the optimizer slots it owns
-# beside it, and the chief's file holds the rest (`tfdist.zero.backup`).
+# beside it, and the chief's file holds the rest (`tfdist.zero.backup`); and
+# except for variables living in several processes (`placed`: pipeline stages in
+# their own processes), where each task writes its own variables
+# (`tfdist.backup_parts`) and the chief's file is the index: the record alone.
 
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
@@ -135,10 +138,15 @@ class BackupStore:
     Args:
         writer: The run's ChiefWriter; backups go to MODEL_DIR/backup.
         keep: How many of the newest backups to keep (older ones are removed).
+        shard: (rank, workers) of a sharded optimizer (`tfdist.zero.backup`).
+        placed: Each task writes its own variables (`tfdist.backup_parts`), for
+            variables that live in other processes than the chief.
     """
 
-    def __init__(self, writer: ChiefWriter, keep: int = 3, shard: tuple[int, int] | None = None):
+    def __init__(self, writer: ChiefWriter, keep: int = 3, shard: tuple[int, int] | None = None,
+                 placed: bool = False):
         self.writer = writer
+        self.placed = placed
         self.shard = shard  # (rank, workers) of a sharded optimizer: see tfdist.zero.backup
         self.directory = writer.path(BACKUP_DIR)
         self.keep = max(1, keep)
@@ -186,6 +194,15 @@ class BackupStore:
         # entries by name, and the meta record, which holds the digest, comes last.
         variables = {f"model_{i}": v for i, v in enumerate(model_vars)}
         variables.update({f"opt_{i}": v for i, v in enumerate(optimizer_vars)})
+        target = self.path_for(state.global_step)
+        if self.placed:  # each task writes its own; the index names the parts, written last
+            # A new name each time: a second save of the same step never touches the
+            # parts of the backup it replaces until its own index is in place.
+            parts_dir = (f"{os.path.basename(target)}{backup_parts.PARTS}"
+                         f"{os.getpid()}-{os.urandom(4).hex()}")
+            meta = {**meta, "parts_dir": parts_dir,
+                    "parts": backup_parts.save(os.path.join(self.directory, parts_dir), variables)}
+            variables = {}
 
         def write(tmp):
             h = hashlib.sha256()
@@ -203,12 +220,24 @@ class BackupStore:
                 _write_npy(npz, "meta",
                            np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
 
-        path = self.writer.write_file(self.path_for(state.global_step), write, suffix=_SUFFIX)
+        path = self.writer.write_file(target, write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:
             self.writer.remove(old)
             for part in zero_backup.existing_parts(old):
                 self.writer.remove(part)
+        self._remove_orphan_parts()
         return path
+
+    def _remove_orphan_parts(self) -> None:
+        """Removes part directories no kept backup names: a pruned or replaced backup's,
+        or those of a save killed before its index was written."""
+        kept = set()
+        for path in self.paths():
+            with contextlib.suppress(CheckpointError):
+                kept.add(_record(path).get("parts_dir"))
+        for name in os.listdir(self.directory):
+            if backup_parts.PARTS in name and name not in kept:
+                self.writer.remove(os.path.join(self.directory, name))
 
     def _save_part(self, path: str, slots) -> None:
         """This worker's slots beside the backup at `path`, atomically (each worker its own)."""
@@ -348,6 +377,8 @@ class BackupStore:
             try:
                 record, arrays = self.load(path)
                 _check_parts(path, record)
+                if record.get("parts"):
+                    backup_parts.check_files(self.directory, record)
                 break
             except CheckpointError as e:
                 self.skipped.append((path, str(e)))
@@ -368,7 +399,16 @@ class BackupStore:
         if "steps_per_epoch" in meta and same_batch:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
-            if by_name:
+            if record.get("parts"):  # each variable read on its own device, only its slice
+                if "optimizer" not in order:
+                    raise CheckpointError(
+                        f"Backup {path} was written by stage processes and cannot be "
+                        "resumed with --shard-optimizer-state. Resume it without that "
+                        "option, or pass --no-resume to start fresh.")
+                for what, prefix, variables in (("model", "model", model_vars),
+                                                ("optimizer", "opt", optimizer_vars)):
+                    backup_parts.restore(self.directory, record, variables, order[what], prefix)
+            elif by_name:
                 self.restore(arrays, model_vars, [], order)
                 restore_by_name(path, record, arrays, optimizer_vars)
             else:
@@ -390,6 +430,15 @@ class BackupStore:
                     v.assign(reshard.assemble(step, lambda i, p=prefix: arrays[f"{p}_{i}"]))
                 else:
                     v.assign(arrays[f"{prefix}_{step}"])
+
+
+def _record(path: str) -> dict:
+    """A backup's meta record alone (the .npz is read lazily: no array is loaded)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return json.loads(npz["meta"].tobytes().decode())
+    except Exception as e:  # zipfile.BadZipFile, KeyError, ...
+        raise CheckpointError(f"Backup {path} is corrupt or truncated ({e})") from None
 
 
 def _size(variable) -> int:

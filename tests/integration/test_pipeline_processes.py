@@ -240,9 +240,12 @@ def _interrupt(dump, model_dir, sig, extra=()):
     chief, stage = _start_stages(dump, model_dir, delay_ms=50, extra=extra)
     try:
         backups = os.path.join(model_dir, "backup")
-        before = set(os.listdir(backups)) if os.path.isdir(backups) else set()
+        def indexes():  # a backup is its index: part directories appear before it
+            return {f for f in os.listdir(backups) if f.endswith(".npz")}
+
+        before = indexes() if os.path.isdir(backups) else set()
         wait_for_checkpoint(model_dir, alive=lambda: chief.poll() is None, what="the chief")
-        while set(os.listdir(backups)) <= before:  # a backup of this run, not the last one's
+        while indexes() <= before:  # a backup of this run, not the last one's
             assert chief.poll() is None, chief.communicate()[1][-3000:]
             time.sleep(0.05)
         stage.send_signal(sig)
