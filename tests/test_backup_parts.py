@@ -172,3 +172,19 @@ def test_an_unplaced_store_still_writes_and_resumes_one_file(tmp_path):
     fresh, fresh_opt = _model(seed=3.0)
     _store(tmp_path).resume(True, META, fresh, fresh_opt)  # a placed run reads it too
     np.testing.assert_array_equal(np.asarray(fresh[0]), np.asarray(model[0]))
+
+
+def test_flipped_bytes_in_a_part_are_a_clear_error(tmp_path):
+    store = _store(tmp_path)
+    model, opt = _model()
+    path = store.save(TrainState(global_step=1), model, opt, META)
+    (parts,) = [f for f in os.listdir(store.directory) if backup_parts.PARTS in f]
+    data = os.path.join(store.directory, parts, "local.data-00000-of-00001")
+    with open(data, "r+b") as f:  # same size: only the bundle's CRC32C can tell
+        f.seek(8)
+        byte = f.read(1)
+        f.seek(8)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match=r"cannot be read .*[Cc]hecksum.*older backup"):
+        _store(tmp_path).resume(True, META, *_model(seed=9.0))
+    assert os.path.exists(path)

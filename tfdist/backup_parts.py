@@ -158,20 +158,28 @@ def restore(directory: str, record: dict, variables, order, prefix: str) -> None
         prefix: "model" or "opt" (the keys' prefix).
     """
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
     parts_dir = os.path.join(directory, record["parts_dir"])
     where = {k: os.path.join(parts_dir, p["name"]) for p in record["parts"] for k in p["keys"]}
     signature = record["model_signature" if prefix == "model" else "optimizer_signature"]
-    for step, v in zip(order, variables):
-        handle = _handle(v)
-        sources = step.sources if isinstance(step, Assemble) else (step,)
-        plan, axis = reads(step, {i: signature[i][1] for i in sources})
-        with tf.device(handle.device):
-            pieces = [tf.raw_ops.RestoreV2(
-                prefix=where[f"{prefix}_{i}"], tensor_names=[f"{prefix}_{i}"],
-                shape_and_slices=[spec], dtypes=[handle.dtype])[0] for i, spec in plan]
-            value = pieces[0] if axis is None else tf.concat(pieces, axis=axis)
-            v.assign(value)
+    try:
+        for step, v in zip(order, variables):
+            handle = _handle(v)
+            sources = step.sources if isinstance(step, Assemble) else (step,)
+            plan, axis = reads(step, {i: signature[i][1] for i in sources})
+            with tf.device(handle.device):
+                pieces = [tf.raw_ops.RestoreV2(
+                    prefix=where[f"{prefix}_{i}"], tensor_names=[f"{prefix}_{i}"],
+                    shape_and_slices=[spec], dtypes=[handle.dtype])[0] for i, spec in plan]
+                value = pieces[0] if axis is None else tf.concat(pieces, axis=axis)
+                v.assign(value)
+        context.async_wait()  # a remote read's error surfaces here
+    except tf.errors.OpError as e:  # a checksum or size the bundle itself refuses
+        raise CheckpointError(
+            f"Backup parts in {parts_dir} cannot be read ({type(e).__name__}: "
+            f"{e.message.splitlines()[0]}). Delete the backup's index (the .npz of the same "
+            "name) to resume from an older backup, or pass --no-resume to start fresh.") from None
 
 
 def _handle(variable):
