@@ -188,3 +188,14 @@ def test_flipped_bytes_in_a_part_are_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match=r"cannot be read .*[Cc]hecksum.*older backup"):
         _store(tmp_path).resume(True, META, *_model(seed=9.0))
     assert os.path.exists(path)
+
+
+def test_capped_takes_a_limit_in_mib_a_report_and_the_command():
+    from tfdist.bench import capped
+
+    assert capped.parse(["1900", "--", "python", "-c", "1"]) == (
+        1900 * 2 ** 20, None, ["python", "-c", "1"])
+    assert capped.parse(["1.5", "--report", "r.json", "--", "x"]) == (
+        int(1.5 * 2 ** 20), "r.json", ["x"])
+    with pytest.raises(SystemExit, match="Received"):
+        capped.parse(["1900", "python"])

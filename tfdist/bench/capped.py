@@ -8,7 +8,7 @@ LIMIT_MIB, so going over it gets the process killed by the kernel, not slowed.
 SIGTERM and SIGINT are passed on to the child; the child's pid is printed first
 (a test SIGKILLs the child, not this wrapper). When it ends the group's peak
 (`memory.max_usage_in_bytes`) and its OOM kills are printed (and written as JSON
-to --report), the group is removed, and the child's exit status is returned.
+to --report, where "{task}" becomes the TF_CONFIG task index), the group is removed, and the child's exit status is returned.
 Needs root and a cgroup v1 memory hierarchy (both on these machines).
 """
 
@@ -61,15 +61,20 @@ def main(argv: list[str]) -> int:
         print(f"capped: pid {child.pid} in {group}, limit {limit // 2 ** 20} MiB", flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, _f: child.send_signal(s))
-        code = child.wait()
+        _, status, usage = os.wait4(child.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
         oom = dict(line.split() for line in _read(group, "memory.oom_control").splitlines())
         out = {"limit_mib": limit / 2 ** 20, "exit": code,
-               "peak_mib": int(_read(group, "memory.max_usage_in_bytes")) / 2 ** 20,
+               # The group's peak counts page cache (backups written), which the kernel
+               # reclaims before it kills; the process's own peak is its VmHWM.
+               "group_peak_mib": int(_read(group, "memory.max_usage_in_bytes")) / 2 ** 20,
+               "rss_peak_mib": usage.ru_maxrss / 1024,
                "oom_kills": int(oom.get("oom_kill", 0))}
-        print(f"capped: pid {child.pid} exit {code}, peak {out['peak_mib']:.0f} MiB of "
-              f"{out['limit_mib']:.0f}, oom kills {out['oom_kills']}", flush=True)
+        print(f"capped: pid {child.pid} exit {code}, peak RSS {out['rss_peak_mib']:.0f} MiB "
+              f"of {out['limit_mib']:.0f}, oom kills {out['oom_kills']}", flush=True)
         if report:
-            with open(report, "w") as f:
+            task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+            with open(report.replace("{task}", str(task)), "w") as f:
                 json.dump(out, f)
         return code if code >= 0 else 128 - code
     finally:
