@@ -199,3 +199,17 @@ def test_capped_takes_a_limit_in_mib_a_report_and_the_command():
         int(1.5 * 2 ** 20), "r.json", ["x"])
     with pytest.raises(SystemExit, match="Received"):
         capped.parse(["1900", "python"])
+
+
+def test_the_record_is_read_without_the_arrays(tmp_path):
+    """Every process of a run reads the newest backup's record before TensorFlow
+    (`run_dir.inspect`): a single-file backup larger than a process must not be loaded
+    whole for it (a 4-stage run's resume was killed by its memory cap that way)."""
+    model, opt = _model()
+    path = _store(tmp_path, placed=False).save(TrainState(global_step=3), model, opt, META)
+    with open(path, "r+b") as f:  # corrupt the first array's bytes
+        f.seek(200)
+        f.write(b"\xff" * 16)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        BackupStore.load(path)
+    assert BackupStore.read_record(path)["state"]["global_step"] == 3

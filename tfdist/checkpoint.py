@@ -234,7 +234,7 @@ class BackupStore:
         kept = set()
         for path in self.paths():
             with contextlib.suppress(CheckpointError):
-                kept.add(_record(path).get("parts_dir"))
+                kept.add(self.read_record(path).get("parts_dir"))
         for name in os.listdir(self.directory):
             if backup_parts.PARTS in name and name not in kept:
                 self.writer.remove(os.path.join(self.directory, name))
@@ -250,6 +250,21 @@ class BackupStore:
             for v in slots:  # one array at a time, as `save`
                 _write_npy(npz, zero_backup.key(v), np.asarray(v.numpy()))
         os.replace(tmp, target)
+
+    @staticmethod
+    def read_record(path: str) -> dict:
+        """A backup's meta record alone: no array is read (an .npz is read entry by
+        entry), so every process can look at a backup larger than itself.
+
+        Raises:
+            CheckpointError: when the file or its record cannot be read.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                return json.loads(npz["meta"].tobytes().decode())
+        except Exception as e:  # zipfile.BadZipFile, KeyError, ValueError, ...
+            raise CheckpointError(f"Backup {path} is corrupt or truncated "
+                                  f"({type(e).__name__}: {e}).") from None
 
     @staticmethod
     def load(path: str) -> tuple[dict, dict]:
@@ -430,15 +445,6 @@ class BackupStore:
                     v.assign(reshard.assemble(step, lambda i, p=prefix: arrays[f"{p}_{i}"]))
                 else:
                     v.assign(arrays[f"{prefix}_{step}"])
-
-
-def _record(path: str) -> dict:
-    """A backup's meta record alone (the .npz is read lazily: no array is loaded)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return json.loads(npz["meta"].tobytes().decode())
-    except Exception as e:  # zipfile.BadZipFile, KeyError, ...
-        raise CheckpointError(f"Backup {path} is corrupt or truncated ({e})") from None
 
 
 def _size(variable) -> int:
