@@ -213,3 +213,16 @@ def test_the_record_is_read_without_the_arrays(tmp_path):
     with pytest.raises(CheckpointError, match="corrupt"):
         BackupStore.load(path)
     assert BackupStore.read_record(path)["state"]["global_step"] == 3
+
+
+def test_parts_that_cannot_be_written_are_one_storage_error_and_no_index(tmp_path):
+    from tfdist.errors import StorageError
+
+    store = _store(tmp_path)
+    model, opt = _model()
+    first = store.save(TrainState(global_step=1), model, opt, META)
+    parts = tmp_path / "parts"
+    (parts / "local.index").mkdir(parents=True)  # where the bundle's index would go
+    with pytest.raises(StorageError, match="could not be written .* previous backup"):
+        backup_parts.save(str(parts), {"model_0": model[0]})
+    assert store.paths() == [first]

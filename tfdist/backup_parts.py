@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 
-from tfdist.errors import CheckpointError
+from tfdist.errors import RESUME_ADVICE, CheckpointError, StorageError
 from tfdist.reshard import Assemble
 
 PARTS = ".parts-"  # ckpt-N.npz.parts-NONCE: a backup's part directory
@@ -129,15 +129,20 @@ def save(parts_dir: str, variables: dict) -> list[dict]:
     import tensorflow as tf
     from tensorflow.python.eager import context
 
-    os.makedirs(parts_dir, exist_ok=True)
     devices = {k: _handle(v).device for k, v in variables.items()}
     groups = group(devices)
-    for name, keys in groups.items():
-        with tf.device(writer_device(devices[keys[0]])):
-            tf.raw_ops.SaveV2(prefix=os.path.join(parts_dir, name), tensor_names=keys,
-                              shape_and_slices=[""] * len(keys),
-                              tensors=[_handle(variables[k]).read_value() for k in keys])
-    context.async_wait()  # remote ops may still be running: every part is on disk after this
+    try:
+        os.makedirs(parts_dir, exist_ok=True)
+        for name, keys in groups.items():
+            with tf.device(writer_device(devices[keys[0]])):
+                tf.raw_ops.SaveV2(prefix=os.path.join(parts_dir, name), tensor_names=keys,
+                                  shape_and_slices=[""] * len(keys),
+                                  tensors=[_handle(variables[k]).read_value() for k in keys])
+        context.async_wait()  # remote ops may still run: every part is on disk after this
+    except (OSError, tf.errors.OpError) as e:  # a disk full or read-only: no index is written
+        why = e.message.splitlines()[0] if isinstance(e, tf.errors.OpError) else e
+        raise StorageError(f"Backup parts could not be written to {parts_dir} "
+                           f"({type(e).__name__}: {why}). {RESUME_ADVICE}") from None
     out = []
     for name, keys in groups.items():
         files = sorted(f for f in os.listdir(parts_dir)
