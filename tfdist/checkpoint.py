@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import zipfile
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -268,27 +269,33 @@ class BackupStore:
 
     @staticmethod
     def load(path: str) -> tuple[dict, dict]:
-        """Reads a backup: (meta record, arrays).
+        """Reads a backup: (meta record, arrays by key, each read from the file when
+        asked for: the digest is checked first, one array at a time).
 
         Raises:
             CheckpointError: when the file is truncated, corrupt or not a backup.
         """
         hint = ("Delete it to resume from an older backup, or pass --no-resume to start "
                 "fresh.")
+        # The digest is checked one array at a time (read, hash, drop), and the arrays
+        # returned are read again when assigned: a backup larger than the chief resumes.
         try:
             with np.load(path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-            record = json.loads(arrays.pop("meta").tobytes().decode())
+                keys = [k for k in npz.files if k != "meta"]
+                record = json.loads(npz["meta"].tobytes().decode())
+                h = hashlib.sha256()
+                for key in sorted(keys):
+                    _hash_array(h, key, npz[key])
         except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, KeyError, ...
             raise CheckpointError(f"Backup {path} is corrupt or truncated "
                                   f"({type(e).__name__}: {e}). {hint}") from None
         if record.get("format") != BACKUP_FORMAT:
             raise CheckpointError(f"Backup {path} has format {record.get('format')!r}; this "
                                   f"tfdist reads format {BACKUP_FORMAT}. {hint}")
-        if _digest(arrays) != record.get("sha256"):
+        if h.hexdigest() != record.get("sha256"):
             raise CheckpointError(f"Backup {path} is corrupt: its arrays do not match the "
                                   f"SHA-256 recorded when it was written. {hint}")
-        return record, arrays
+        return record, _Arrays(path, keys)
 
     @staticmethod
     def check_compatible(path: str, record: dict, expected: dict,
@@ -447,6 +454,25 @@ class BackupStore:
                     v.assign(arrays[f"{prefix}_{step}"])
 
 
+class _Arrays(Mapping):
+    """A backup file's arrays by key, each read from the file when asked for."""
+
+    def __init__(self, path: str, keys: list[str]):
+        self.path, self.keys_ = path, keys
+
+    def __getitem__(self, key):
+        if key not in self.keys_:
+            raise KeyError(key)
+        with np.load(self.path, allow_pickle=False) as npz:
+            return npz[key]
+
+    def __iter__(self):
+        return iter(self.keys_)
+
+    def __len__(self):
+        return len(self.keys_)
+
+
 def _size(variable) -> int:
     return int(np.prod(variable.shape, dtype=np.int64))
 
@@ -469,7 +495,7 @@ def restore_by_name(path: str, record: dict, arrays: dict, optimizer_vars) -> No
         CheckpointError: naming an optimizer variable the backup lacks or holds in
             another shape.
     """
-    own = {sig[0]: arrays[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])}
+    own = {sig[0]: f"opt_{i}" for i, sig in enumerate(record["optimizer_signature"])}
     parts = [np.load(p, allow_pickle=False)
              for p in zero_backup.part_paths(path, record.get("slot_parts") or 0)]
     try:
@@ -478,7 +504,8 @@ def restore_by_name(path: str, record: dict, arrays: dict, optimizer_vars) -> No
             if not _size(v):
                 continue
             name = zero_backup.key(v)
-            value = own[name] if name in own else where[name][name] if name in where else None
+            value = (arrays[own[name]] if name in own else where[name][name] if name in where
+                     else None)
             if value is None or tuple(value.shape) != tuple(v.shape):
                 found = "absent" if value is None else f"of shape {list(value.shape)}"
                 raise CheckpointError(
