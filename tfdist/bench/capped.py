@@ -6,9 +6,10 @@ The command runs as a child in a new group under /sys/fs/cgroup/memory with
 `memory.limit_in_bytes` (and the swap limit, where the kernel has one) set to
 LIMIT_MIB, so going over it gets the process killed by the kernel, not slowed.
 SIGTERM and SIGINT are passed on to the child; the child's pid is printed first
-(a test SIGKILLs the child, not this wrapper). When it ends the group's peak
-(`memory.max_usage_in_bytes`) and its OOM kills are printed (and written as JSON
-to --report, where "{task}" becomes the TF_CONFIG task index), the group is removed, and the child's exit status is returned.
+(a test SIGKILLs the child, not this wrapper). When it ends, the child's peak
+RSS, the group's peak and its OOM kills are printed (and written as JSON to
+--report, where "{task}" becomes the TF_CONFIG task index), the group is
+removed, and the child's exit status is returned.
 Needs root and a cgroup v1 memory hierarchy (both on these machines).
 """
 
