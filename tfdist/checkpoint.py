@@ -15,10 +15,11 @@ import hashlib
 import json
 import os
 import zipfile
+from collections.abc import Mapping
 
 import numpy as np
 
-from tfdist import reshard
+from tfdist import backup_parts, reshard
 from tfdist.errors import CheckpointError
 from tfdist.model_dir import BACKUP_DIR
 
@@ -37,7 +38,10 @@ from tfdist.zero.optimizer import is_shard_slot
 # read from mirrored variables locally, which needs no collective, so other
 # workers never write anything, not even to a temporary place; except under
 # --shard-optimizer-state, where each worker writes the optimizer slots it owns
-# beside it, and the chief's file holds the rest (`tfdist.zero.backup`).
+# beside it, and the chief's file holds the rest (`tfdist.zero.backup`); and
+# except for variables living in several processes (`placed`: pipeline stages in
+# their own processes), where each task writes its own variables
+# (`tfdist.backup_parts`) and the chief's file is the index: the record alone.
 
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
@@ -135,10 +139,15 @@ class BackupStore:
     Args:
         writer: The run's ChiefWriter; backups go to MODEL_DIR/backup.
         keep: How many of the newest backups to keep (older ones are removed).
+        shard: (rank, workers) of a sharded optimizer (`tfdist.zero.backup`).
+        placed: Each task writes its own variables (`tfdist.backup_parts`), for
+            variables that live in other processes than the chief.
     """
 
-    def __init__(self, writer: ChiefWriter, keep: int = 3, shard: tuple[int, int] | None = None):
+    def __init__(self, writer: ChiefWriter, keep: int = 3, shard: tuple[int, int] | None = None,
+                 placed: bool = False):
         self.writer = writer
+        self.placed = placed
         self.shard = shard  # (rank, workers) of a sharded optimizer: see tfdist.zero.backup
         self.directory = writer.path(BACKUP_DIR)
         self.keep = max(1, keep)
@@ -182,6 +191,15 @@ class BackupStore:
         # entries by name, and the meta record, which holds the digest, comes last.
         variables = {f"model_{i}": v for i, v in enumerate(model_vars)}
         variables.update({f"opt_{i}": v for i, v in enumerate(optimizer_vars)})
+        target = self.path_for(state.global_step)
+        if self.placed:  # each task writes its own; the index names the parts, written last
+            # A new name each time: a second save of the same step never touches the
+            # parts of the backup it replaces until its own index is in place.
+            parts_dir = (f"{os.path.basename(target)}{backup_parts.PARTS}"
+                         f"{os.getpid()}-{os.urandom(4).hex()}")
+            meta = {**meta, "parts_dir": parts_dir,
+                    "parts": backup_parts.save(os.path.join(self.directory, parts_dir), variables)}
+            variables = {}
 
         def write(tmp):
             h = hashlib.sha256()
@@ -199,12 +217,24 @@ class BackupStore:
                 _write_npy(npz, "meta",
                            np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
 
-        path = self.writer.write_file(self.path_for(state.global_step), write, suffix=_SUFFIX)
+        path = self.writer.write_file(target, write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:
             self.writer.remove(old)
             for part in zero_backup.existing_parts(old):
                 self.writer.remove(part)
+        self._remove_orphan_parts()
         return path
+
+    def _remove_orphan_parts(self) -> None:
+        """Removes part directories no kept backup names: a pruned or replaced backup's,
+        or those of a save killed before its index was written."""
+        kept = set()
+        for path in self.paths():
+            with contextlib.suppress(CheckpointError):
+                kept.add(self.read_record(path).get("parts_dir"))
+        for name in os.listdir(self.directory):
+            if backup_parts.PARTS in name and name not in kept:
+                self.writer.remove(os.path.join(self.directory, name))
 
     def _save_part(self, path: str, slots) -> None:
         """This worker's slots beside the backup at `path`, atomically (each worker its own)."""
@@ -219,28 +249,49 @@ class BackupStore:
         os.replace(tmp, target)
 
     @staticmethod
+    def read_record(path: str) -> dict:
+        """A backup's meta record alone: no array is read (an .npz is read entry by
+        entry), so every process can look at a backup larger than itself.
+
+        Raises:
+            CheckpointError: when the file or its record cannot be read.
+        """
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                return json.loads(npz["meta"].tobytes().decode())
+        except Exception as e:  # zipfile.BadZipFile, KeyError, ValueError, ...
+            raise CheckpointError(f"Backup {path} is corrupt or truncated "
+                                  f"({type(e).__name__}: {e}).") from None
+
+    @staticmethod
     def load(path: str) -> tuple[dict, dict]:
-        """Reads a backup: (meta record, arrays).
+        """Reads a backup: (meta record, arrays by key, each read from the file when
+        asked for: the digest is checked first, one array at a time).
 
         Raises:
             CheckpointError: when the file is truncated, corrupt or not a backup.
         """
         hint = ("Delete it to resume from an older backup, or pass --no-resume to start "
                 "fresh.")
+        # The digest is checked one array at a time (read, hash, drop), and the arrays
+        # returned are read again when assigned: a backup larger than the chief resumes.
         try:
             with np.load(path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-            record = json.loads(arrays.pop("meta").tobytes().decode())
+                keys = [k for k in npz.files if k != "meta"]
+                record = json.loads(npz["meta"].tobytes().decode())
+                h = hashlib.sha256()
+                for key in sorted(keys):
+                    _hash_array(h, key, npz[key])
         except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, KeyError, ...
             raise CheckpointError(f"Backup {path} is corrupt or truncated "
                                   f"({type(e).__name__}: {e}). {hint}") from None
         if record.get("format") != BACKUP_FORMAT:
             raise CheckpointError(f"Backup {path} has format {record.get('format')!r}; this "
                                   f"tfdist reads format {BACKUP_FORMAT}. {hint}")
-        if _digest(arrays) != record.get("sha256"):
+        if h.hexdigest() != record.get("sha256"):
             raise CheckpointError(f"Backup {path} is corrupt: its arrays do not match the "
                                   f"SHA-256 recorded when it was written. {hint}")
-        return record, arrays
+        return record, _Arrays(path, keys)
 
     @staticmethod
     def check_compatible(path: str, record: dict, expected: dict,
@@ -344,6 +395,8 @@ class BackupStore:
             try:
                 record, arrays = self.load(path)
                 _check_parts(path, record)
+                if record.get("parts"):
+                    backup_parts.check_files(self.directory, record)
                 break
             except CheckpointError as e:
                 self.skipped.append((path, str(e)))
@@ -364,7 +417,16 @@ class BackupStore:
         if "steps_per_epoch" in meta and same_batch:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
-            if by_name:
+            if record.get("parts"):  # each variable read on its own device, only its slice
+                if "optimizer" not in order:
+                    raise CheckpointError(
+                        f"Backup {path} was written by stage processes and cannot be "
+                        "resumed with --shard-optimizer-state. Resume it without that "
+                        "option, or pass --no-resume to start fresh.")
+                for what, prefix, variables in (("model", "model", model_vars),
+                                                ("optimizer", "opt", optimizer_vars)):
+                    backup_parts.restore(self.directory, record, variables, order[what], prefix)
+            elif by_name:
                 self.restore(arrays, model_vars, [], order)
                 restore_by_name(path, record, arrays, optimizer_vars)
             else:
@@ -397,6 +459,25 @@ def backup_paths(directory: str) -> list[str]:
     return [os.path.join(directory, f) for f in names]
 
 
+class _Arrays(Mapping):
+    """A backup file's arrays by key, each read from the file when asked for."""
+
+    def __init__(self, path: str, keys: list[str]):
+        self.path, self.keys_ = path, keys
+
+    def __getitem__(self, key):
+        if key not in self.keys_:
+            raise KeyError(key)
+        with np.load(self.path, allow_pickle=False) as npz:
+            return npz[key]
+
+    def __iter__(self):
+        return iter(self.keys_)
+
+    def __len__(self):
+        return len(self.keys_)
+
+
 def _size(variable) -> int:
     return int(np.prod(variable.shape, dtype=np.int64))
 
@@ -419,7 +500,7 @@ def restore_by_name(path: str, record: dict, arrays: dict, optimizer_vars) -> No
         CheckpointError: naming an optimizer variable the backup lacks or holds in
             another shape.
     """
-    own = {sig[0]: arrays[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])}
+    own = {sig[0]: f"opt_{i}" for i, sig in enumerate(record["optimizer_signature"])}
     parts = [np.load(p, allow_pickle=False)
              for p in zero_backup.part_paths(path, record.get("slot_parts") or 0)]
     try:
@@ -428,7 +509,8 @@ def restore_by_name(path: str, record: dict, arrays: dict, optimizer_vars) -> No
             if not _size(v):
                 continue
             name = zero_backup.key(v)
-            value = own[name] if name in own else where[name][name] if name in where else None
+            value = (arrays[own[name]] if name in own else where[name][name] if name in where
+                     else None)
             if value is None or tuple(value.shape) != tuple(v.shape):
                 found = "absent" if value is None else f"of shape {list(value.shape)}"
                 raise CheckpointError(

@@ -99,7 +99,7 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
         CheckpointError: when no candidate reads, or the backup does not fit
             the recipe's model (naming the first difference).
     """
-    from tfdist import checkpoint, final_weights, reshard
+    from tfdist import backup_parts, checkpoint, final_weights, reshard
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
     import_tensorflow()
@@ -110,6 +110,9 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
     for path in candidates:
         try:
             meta, arrays = checkpoint.BackupStore.load(path)
+            if meta.get("parts"):  # written by stage processes: each task's own part
+                backup_parts.check_files(os.path.dirname(path), meta)
+                arrays = backup_parts.Arrays(os.path.dirname(path), meta)
             break
         except CheckpointError as e:
             errors.append(str(e))

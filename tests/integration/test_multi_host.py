@@ -168,6 +168,16 @@ def test_pipeline_stages_on_two_hosts_equal_one_replica(hosts, baseline, tmp_pat
     assert rows == {"hidden": "task:0/CPU:0", "logits": "task:1/CPU:0"}, proc.stdout[-3000:]
     assert f"[worker 1@h1] tfdist: pipeline stage 1 serving at {hosts.address('h1')}:" in (
         proc.stdout)
+    # #40: the stage on h1 wrote its own variables into the backup (the shared model dir).
+    from tfdist.checkpoint import BackupStore
+
+    backup = tmp_path / "model" / "backup"
+    index = sorted(f for f in os.listdir(backup) if f.endswith(".npz"))[-1]
+    record = BackupStore.read_record(str(backup / index))
+    assert [p["name"] for p in record["parts"]] == ["worker-0", "worker-1"]
+    for part in record["parts"]:
+        for name, size in part["files"].items():
+            assert os.path.getsize(backup / record["parts_dir"] / name) == size
 
 
 def test_hand_written_tf_config_on_two_hosts_equals_one_replica(hosts, baseline, tmp_path):

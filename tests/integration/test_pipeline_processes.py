@@ -234,6 +234,33 @@ def test_each_stage_lives_on_its_own_task_and_the_servers_end_with_the_chief(run
     assert "data-parallel copy 1 of the stages: task:2/CPU:0, task:3/CPU:0" in copies
 
 
+def test_each_stage_task_writes_its_own_variables_into_the_backup(runs):
+    """#40: the chief's backup file is the index (the record alone); each stage task's
+    variables are in that task's part, written there (`tfdist.backup_parts`)."""
+    for name, tasks in (("zb_four", 4), ("hybrid", 2)):  # hybrid: copy 0 holds the weights
+        _, model_dir, proc = runs[name]
+        backup = os.path.join(model_dir, "backup")
+        index = sorted(f for f in os.listdir(backup) if f.endswith(".npz"))[-1]
+        with np.load(os.path.join(backup, index)) as npz:
+            assert npz.files == ["meta"]
+            record = json.loads(npz["meta"].tobytes().decode())
+        assert [p["name"] for p in record["parts"]] == [f"worker-{i}" for i in range(tasks)]
+        parts_dir = os.path.join(backup, record["parts_dir"])
+        assert sorted(os.listdir(parts_dir)) == sorted(
+            f for p in record["parts"] for f in p["files"])
+        table = dict((layer, device.split("/")[0]) for layer, device in
+                     _rows(proc.stdout))  # layer -> "task:K"
+        paths = {f"model_{i}": sig[0] for i, sig in enumerate(record["model_signature"])}
+        for part in record["parts"]:
+            task = "task:" + part["name"].split("-")[1]
+            layers = {paths[k].split("/")[0] for k in part["keys"] if k in paths}
+            assert layers and all(table[layer] == task for layer in layers
+                                  if layer in table), (part, table)
+        # Every variable is in exactly one part.
+        keys = [k for p in record["parts"] for k in p["keys"]]
+        assert sorted(keys) == sorted(set(keys)) and set(paths) <= set(keys)
+
+
 def test_the_chief_saves_the_plain_model_with_the_trained_weights(runs):
     weights, model_dir, _ = runs["zb_four"]
     proc = run_py(["-c", "import sys, keras, numpy as np; m = keras.models.load_model(sys.argv[1]);"
@@ -305,9 +332,12 @@ def _interrupt(dump, model_dir, sig, extra=()):
     chief, stage = _start_stages(dump, model_dir, delay_ms=50, extra=extra)
     try:
         backups = os.path.join(model_dir, "backup")
-        before = set(os.listdir(backups)) if os.path.isdir(backups) else set()
+        def indexes():  # a backup is its index: part directories appear before it
+            return {f for f in os.listdir(backups) if f.endswith(".npz")}
+
+        before = indexes() if os.path.isdir(backups) else set()
         wait_for_checkpoint(model_dir, alive=lambda: chief.poll() is None, what="the chief")
-        while set(os.listdir(backups)) <= before:  # a backup of this run, not the last one's
+        while indexes() <= before:  # a backup of this run, not the last one's
             assert chief.poll() is None, chief.communicate()[1][-3000:]
             time.sleep(0.05)
         stage.send_signal(sig)
@@ -366,6 +396,21 @@ def test_a_backup_resumes_split_another_way_or_unsplit_with_the_same_math(runs, 
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(ends["two"], runs["two"][0]))
     assert moved > 1e-3  # the third epoch trained
+
+    # #40: a backup written by 2 copies x 2 stages x tensor parallel 2 (each stage task's
+    # own part) resumed as 4 stage processes without tensor parallelism: each variable
+    # read on its own task, the shards joined there; the second epoch then ends with one
+    # process's 2 epochs. atol 2e-6: the first epoch's row-parallel sums (see "hybrid"),
+    # which Adam amplifies in the second to 1.24e-6 on one weight of 1e-3 (1.2 allowances).
+    dump = str(tmp_path / "hybrid")
+    proc = run_py(["-m", "tfdist.launch", "-n", "4", "--timeout", "240", "--", sys.executable,
+                   DUMP, dump, *ARGS, *PIPELINE, "--microbatches", "2",
+                   "--model-dir", runs["hybrid"][1]], timeout=300)
+    assert proc.returncode == 0, tail(proc)
+    assert "resumed from" in proc.stdout and "epoch 1, step 0 of 22" in proc.stdout, tail(proc)
+    assert "num_replicas=1 stages=4 copies=1" in proc.stdout
+    for a, b in zip(_weights(dump), runs["single"][0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)
 
 
 def test_a_stage_killed_under_the_launcher_ends_it_with_the_lost_peer_status(tmp_path):

@@ -26,4 +26,5 @@ SUBCOMMANDS: dict[str, str] = {
     "comm": "tfdist.bench.comm",
     "overlap": "tfdist.bench.overlap",
     "zero": "tfdist.bench.zero",
+    "memory-cap": "tfdist.bench.memory_cap",
 }

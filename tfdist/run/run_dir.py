@@ -279,7 +279,9 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
     if not paths:
         return Found()
     try:
-        record, _ = BackupStore.load(paths[-1])
+        # The record alone: every process reads it, and a single-file backup holds every
+        # weight (the trainer's resume checks the arrays).
+        record = BackupStore.read_record(paths[-1])
     except CheckpointError:
         return Found(backup=paths[-1])
     if recipe_name and record.get("recipe") not in (None, recipe_name):

@@ -405,7 +405,8 @@ class FitRun:
         from tfdist.zero.backup import shard_of
 
         self.store = store = BackupStore(self.writer, keep=backup_s.keep,
-                                         shard=shard_of(self.optimizer))
+                                         shard=shard_of(self.optimizer),
+                                         placed=dist.hooks.placed_backups)
         # The strategy and replica count are recorded, not matched (see check_compatible).
         self.meta = {"recipe": self.recipe.RECIPE_NAME, "strategy": name,
                      "num_replicas": replicas, "global_batch_size": gbs,

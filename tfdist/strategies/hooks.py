@@ -9,7 +9,14 @@ class Hooks:
 
     An adapter whose `hooks()` changes something returns a subclass (Horovod
     does: its replicas are processes TensorFlow never sees).
+
+    Attributes:
+        placed_backups: Each process holding variables writes them into the
+            backup itself, and resumes read them there (`tfdist.backup_parts`):
+            for variables living in processes other than the chief's.
     """
+
+    placed_backups = False
 
     def num_replicas(self, strategy) -> int:
         """Replicas that share each global batch."""

@@ -126,6 +126,8 @@ def check_one_process(options) -> None:
 class StageHooks(model_parallel.ModelParallelHooks):
     """Trainer hooks of the chief of a pipeline across processes."""
 
+    placed_backups = True  # each stage task writes and reads its own variables
+
     def __init__(self, options, cluster):
         from tfdist.model_parallel import tasks
 
