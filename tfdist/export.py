@@ -140,8 +140,8 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
             os.replace(os.path.join(tmp, name), os.path.join(out, name))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"tfdist.export: wrote {', '.join(os.path.join(out, n) for n in names[-2:])} from "
-        f"{path} (step {meta.get('state', {}).get('global_step', '?')})")
+    log(f"tfdist.export: wrote {', '.join(names)} into {out} from {path} (step "
+        f"{meta.get('state', {}).get('global_step', '?')})")
     return names
 
 
