@@ -47,7 +47,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax"
 MODELS = ("dense", "attention", "chain")
 # Adadelta starts with steps of about sqrt(epsilon) x lr, hence its large rate.
 # The `clip` variant's global_clipnorm: below these models' gradient norms in every step.
-CLIP = 0.05
+CLIP = 0.5
 LEARNING_RATES = {"sgd": 0.3, "adadelta": 20.0, "adagrad": 0.3, "ftrl": 0.3, "adafactor": 0.5}
 
 
