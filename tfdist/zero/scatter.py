@@ -56,27 +56,31 @@ class ReplicaScatter:
         by_dtype: dict = {}
         for i in dense:
             by_dtype.setdefault(np.dtype(grads[i].dtype.as_numpy_dtype), []).append(i)
+        last = None  # one piece's copies alive at a time, round after round
         for index in by_dtype.values():
             sizes = [grads[i].shape.num_elements() for i in index]
             for members in partition.rounds(sizes, [owners[i] for i in index], n):
                 members = [None if m is None else index[m] for m in members]
-                summed = _scatter_round(tf_all_to_all.all_to_all,
-                                        [None if m is None else grads[m] for m in members], rank)
+                summed, last = _scatter_round(
+                    tf_all_to_all.all_to_all, [None if m is None else grads[m] for m in members],
+                    rank, last)
                 if summed is not None:
                     out[members[rank]] = summed
         return out
 
 
-def _scatter_round(all_to_all, members, rank: int):
+def _scatter_round(all_to_all, members, rank: int, after=None):
     """Member q (the local gradient of rank q's variable, or None) summed onto rank q, in
-    all-to-alls of at most `mwms.CHUNK_ELEMENTS` per rank; returns this rank's sum (or None)."""
+    all-to-alls of at most `mwms.CHUNK_ELEMENTS` per rank, each piece's copies made after
+    `after` (the previous all-to-all's result) arrived; returns (this rank's sum or None,
+    the last result)."""
     import tensorflow as tf
 
     from tfdist.zero import mwms
 
     plans = [None if g is None else partition.row_chunks(tuple(g.shape), mwms.CHUNK_ELEMENTS)
              for g in members]
-    mine = []
+    mine, received = [], after
     for j in range(max(len(p) for p in plans if p is not None)):
         pieces = [None if g is None or j >= len(p) else
                   (g if p[j] is None else g[p[j][0]:p[j][1]])
@@ -84,15 +88,20 @@ def _scatter_round(all_to_all, members, rank: int):
         sizes = [0 if p is None else p.shape.num_elements() for p in pieces]
         width = max(sizes)
         dtype = next(p for p in pieces if p is not None).dtype
-        rows = [tf.zeros([width], dtype) if p is None else
-                tf.pad(tf.reshape(p, [-1]), [[0, width - s]]) for p, s in zip(pieces, sizes)]
-        received = all_to_all(tf.stack(rows))  # row p: rank p's rows of my variable's piece
+        # Built once the previous piece has arrived: nothing else orders these copies of
+        # the gradients, and TensorFlow would otherwise make every piece's at once.
+        with tf.control_dependencies([] if received is None else [received]):
+            rows = [tf.zeros([width], dtype) if p is None else
+                    tf.pad(tf.reshape(p, [-1]), [[0, width - s]])
+                    for p, s in zip(pieces, sizes)]
+            sent = tf.stack(rows)
+        received = all_to_all(sent)  # row p: rank p's rows of my variable's piece
         if pieces[rank] is not None:
             total = tf.reduce_sum(received, axis=0)[:sizes[rank]]
             mine.append(tf.reshape(total, pieces[rank].shape))
     if members[rank] is None:
-        return None
-    return mine[0] if len(mine) == 1 else tf.concat(mine, axis=0)
+        return None, received
+    return (mine[0] if len(mine) == 1 else tf.concat(mine, axis=0)), received
 
 
 def partial_norm(grads, owners, rank: int):
