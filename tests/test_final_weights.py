@@ -51,4 +51,7 @@ def test_the_form_follows_the_memory_left():
     assert export.final_form("auto", 40, None) == "keras"  # unknown: as before
     assert export.final_form("sharded", 1, 100) == "sharded"
     assert export.final_form("keras", 40, 100) == "keras"
-    assert export.headroom_bytes() is None or export.headroom_bytes() > 0
+    from tfdist import memory_limit
+
+    assert memory_limit.headroom_bytes() is None or memory_limit.headroom_bytes() > 0
+    assert memory_limit.rss_bytes() is None or memory_limit.rss_bytes() > 2**20

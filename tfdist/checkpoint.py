@@ -147,11 +147,7 @@ class BackupStore:
 
     def paths(self) -> list[str]:
         """Backup files, oldest first."""
-        if not os.path.isdir(self.directory):
-            return []
-        names = sorted(f for f in os.listdir(self.directory)
-                       if f.startswith(_PREFIX) and f.endswith(_SUFFIX))
-        return [os.path.join(self.directory, f) for f in names]
+        return backup_paths(self.directory)
 
     def path_for(self, global_step: int) -> str:
         """The file the backup of `global_step` is (or will be) written to."""
@@ -390,6 +386,15 @@ class BackupStore:
                     v.assign(reshard.assemble(step, lambda i, p=prefix: arrays[f"{p}_{i}"]))
                 else:
                     v.assign(arrays[f"{prefix}_{step}"])
+
+
+def backup_paths(directory: str) -> list[str]:
+    """The backup files in `directory` (a run's backup dir), oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    names = sorted(f for f in os.listdir(directory)
+                   if f.startswith(_PREFIX) and f.endswith(_SUFFIX))
+    return [os.path.join(directory, f) for f in names]
 
 
 def _size(variable) -> int:

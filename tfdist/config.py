@@ -108,7 +108,7 @@ OPTIONS: dict[str, Option] = {
     # Launchers that report 1 for any failed rank (horovodrun) lose the 75 of a preemption.
     "status_file": Option("", "the chief writes its exit status here (atomically) before "
                           "exiting"),
-    **_adapter("microbatches", "schedule", "virtual_stages", "placement", "stages",
+    **_adapter("microbatches", "schedule", "virtual_stages", "balance", "placement", "stages",
                "tensor_parallel"),
     # Which strategies take it is decided by their adapters (`Adapter.process_replicas`).
     "warmup_epochs": Option(0.0, "horovod, shm: ramp the learning rate from lr/size up to lr "

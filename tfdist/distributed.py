@@ -113,17 +113,19 @@ class Distributed:
         """The optimizer to compile with (horovod and shm wrap it in their all-reduce)."""
         return self.hooks.wrap_optimizer(optimizer)
 
-    def model(self, model):
+    def model(self, model, global_batch_size: int = 0):
         """The model to compile: `model` itself, or split over devices (model_parallel, pipeline).
 
         Args:
             model: A built, uncompiled Keras model (build it inside `scope()`).
+            global_batch_size: Examples a step, all replicas: needed by a
+                pipeline's planner (`schedule="auto"`, `balance="time"`).
 
         Raises:
             ConfigError: when the strategy cannot split this model (one line
                 naming the layer and what to do).
         """
-        return self.hooks.transform_model(model)
+        return self.hooks.transform_model(model, global_batch_size=global_batch_size)
 
     def compile_kwargs(self) -> dict:
         """Extra `model.compile` arguments the strategy needs (shm: no XLA)."""
@@ -177,8 +179,8 @@ def setup(strategy: str = "auto", **options) -> Distributed:
             (`devices`: local replicas, GPUs or the CPU split into this many;
             `collective`, `collective_timeout_s`, `startup_timeout_s`,
             `grad_compression`, `bucket_mb`, `shard_optimizer_state` (`tfdist.zero`),
-            `microbatches`, `schedule`,
-            `placement`, `stages`, `tensor_parallel`, `ps_shards`,
+            `microbatches`, `schedule` (with "auto": pass `global_batch_size` to
+            `model()`), `virtual_stages`, `balance`, `placement`, `stages`, `tensor_parallel`, `ps_shards`,
             `min_shard_bytes`), and `threads`, `inter_op_threads`, `tf_logs` (show
             TensorFlow's C++ start-up lines): `tfdist.config.SCRIPT_OPTIONS`.
             None leaves an option at its default.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 
 ARCHITECTURE = "model.json"
+KERAS = "model.keras"
 WEIGHTS = "model.weights.json"
 SHARD_GB = 1.0  # largest .weights.h5 shard (Keras's max_shard_size, in GB)
 HEADROOM_FACTOR = 3  # model.save holds the gathered weights, Keras's buffer and the file's
@@ -65,16 +66,8 @@ class _Resolving:
         return getattr(self._store, name)
 
 
-def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
-    """Writes ARCHITECTURE and WEIGHTS (with its shards) into `directory`.
-
-    Args:
-        architecture: The plain model's `to_json()`.
-        read: As `values_of` returns: every plain weight's path -> its value.
-        directory: Where the files go (an empty temporary one: the caller moves them).
-
-    Returns:
-        The file names written, the index (WEIGHTS) last.
+def _resolving_model(architecture: str, read: dict):
+    """A valueless model of `architecture` whose layers save each weight as `read` gives it.
 
     Raises:
         ValueError: naming a weight of the architecture that `read` lacks.
@@ -93,11 +86,42 @@ def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
         own = type(layer).save_own_variables
         layer.save_own_variables = (
             lambda store, layer=layer, own=own: own(layer, _Resolving(store, read)))
+    return plain
+
+
+def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
+    """Writes ARCHITECTURE and WEIGHTS (with its shards) into `directory`.
+
+    Args:
+        architecture: The plain model's `to_json()`.
+        read: As `values_of` returns: every plain weight's path -> its value.
+        directory: Where the files go (an empty temporary one: the caller moves them).
+
+    Returns:
+        The file names written, the index (WEIGHTS) last.
+
+    Raises:
+        ValueError: naming a weight of the architecture that `read` lacks.
+    """
+    plain = _resolving_model(architecture, read)
     with open(os.path.join(directory, ARCHITECTURE), "w", encoding="utf-8") as f:
         f.write(architecture)
     plain.save_weights(os.path.join(directory, WEIGHTS), max_shard_size=SHARD_GB)
     names = sorted(os.listdir(directory))
     return [n for n in names if n != WEIGHTS] + [WEIGHTS]
+
+
+def save_keras(architecture: str, read: dict, directory: str) -> list[str]:
+    """Writes the plain model as `model.keras` into `directory`, each weight from `read`.
+
+    As `save_sharded`, but one file: Keras's own zip, uncompiled (no optimizer).
+
+    Returns:
+        ["model.keras"].
+    """
+    plain = _resolving_model(architecture, read)
+    plain.save(os.path.join(directory, KERAS))
+    return [KERAS]
 
 
 def sharded_files(directory: str) -> list[str]:
@@ -121,65 +145,16 @@ def weight_bytes(model) -> int:
     return sum(parameters.count([v]) * np.dtype(v.dtype).itemsize for v in unique)
 
 
-def headroom_bytes() -> int | None:
-    """Memory this process may still take: its memory cgroup's limit (v1 or v2) less
-    its resident set, else the machine's available memory; None when unknown."""
-    rss = _proc_kb("/proc/self/status", "VmRSS")
-    limit = _cgroup_limit()
-    if limit is not None and rss is not None:
-        return max(0, limit - rss * 1024)
-    available = _proc_kb("/proc/meminfo", "MemAvailable")
-    return None if available is None else available * 1024
-
-
 def final_form(asked: str, plain_bytes: int, headroom: int | None) -> str:
     """Pure function: "keras" (model.keras) or "sharded" (model.json + sharded weights).
 
     Args:
         asked: --final-weights: "auto", "keras" or "sharded".
         plain_bytes: The plain model's weights.
-        headroom: `headroom_bytes()` (None: unknown, keep model.keras).
+        headroom: `memory_limit.headroom_bytes()` (None: unknown, keep model.keras).
     """
     if asked != "auto":
         return asked
     if headroom is not None and HEADROOM_FACTOR * plain_bytes > headroom:
         return "sharded"
     return "keras"
-
-
-def _proc_kb(path: str, key: str) -> int | None:
-    """A "Key: N kB" line of a /proc file (/proc/self/status, /proc/meminfo), in kB."""
-    try:
-        with open(path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _cgroup_limit() -> int | None:
-    """This process's memory cgroup limit in bytes (None: none set)."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2
-            candidates = [f"/sys/fs/cgroup{path}/memory.max"]
-        elif "memory" in controllers.split(","):
-            candidates = [f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"]
-        else:
-            continue
-        for name in candidates:
-            try:
-                with open(name, encoding="ascii") as f:
-                    text = f.read().strip()
-            except OSError:
-                continue
-            if text.isdigit() and int(text) < 2**60:
-                return int(text)
-    return None

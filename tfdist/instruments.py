@@ -2,7 +2,8 @@
 
 The benchmarks slow one worker down (`tfdist.straggler`); such knobs
 are not part of the framework's option table. A package registers an
-`Instrument` (its options and its hooks into both loops) when it is
+`Instrument` (its options; its hooks into the Keras `fit` loop,
+`run/trainer.py`, and the parameter-server loop, `run/coordinator.py`) when it is
 imported; the command that wants it imports that package (`tfdist.train`
 imports the benchmarks' straggler). The run pipeline calls every registered
 instrument and names none. Instrument options never change what a run

@@ -75,19 +75,27 @@ def _newest_backup_record(run_dir: str) -> dict:
     return {}
 
 
-def load_recipe(record: dict, override: str | None = None):
+def recipe_of(record: dict, override: str | None = None):
     """The run's recipe: `override`, else the file it recorded if still there, else its name.
+
+    Raises:
+        ConfigError: when it cannot be found.
+    """
+    recorded = record.get("recipe_file")
+    if override:
+        return recipe_lib.load(override)
+    if recorded and os.path.isfile(recorded):
+        return recipe_lib.load(recorded)
+    return recipe_lib.load(record["recipe"])
+
+
+def load_recipe(record: dict, override: str | None = None):
+    """The run's recipe (`recipe_of`), which must have `predict`.
 
     Raises:
         ConfigError: when it cannot be found or has no `predict`.
     """
-    recorded = record.get("recipe_file")
-    if override:
-        recipe = recipe_lib.load(override)
-    elif recorded and os.path.isfile(recorded):
-        recipe = recipe_lib.load(recorded)
-    else:
-        recipe = recipe_lib.load(record["recipe"])
+    recipe = recipe_of(record, override)
     if not hasattr(recipe, "predict"):
         raise ConfigError(
             f"recipe {recipe.RECIPE_FILE}: has no predict(model, inputs, cfg), so tfdist cannot "

@@ -19,7 +19,7 @@ def test_predicted_step_against_1f1b_and_measured_bubble():
         ps.measured_bubble({"tasks": {0: {"median_step_busy": None}}})
 
 
-def test_the_part_alternates_the_schedules_and_judges_each_against_1f1b():
+def test_the_part_alternates_the_schedules_and_judges_each_against_1f1b(monkeypatch):
     parser = argparse.ArgumentParser()
     pp.add_arguments(parser)
     args = parser.parse_args(["--parts", "schedules", "--repeats", "2"])
@@ -53,6 +53,16 @@ def test_the_part_alternates_the_schedules_and_judges_each_against_1f1b():
     assert got["1f1b"]["bubble"] == pytest.approx(0.2)
     assert got["zb"]["bubble_below_1f1b"] and got["interleaved"]["bubble_below_1f1b"]
     assert got["zb"]["planner_vs_measured"] == pytest.approx(0.5 / 0.4)
+    assert got["zb"]["planner_peak_vs_rss"] == [pytest.approx(2**-10)] * 2
+    # Unless given, the planner runs before each repeat, each judged against its repeat.
+    plans = iter([0.2, 0.8])
+    monkeypatch.setattr(ps, "plan", lambda _: {"predictions": {
+        n: {"step_s": next(plans) if n == "zb" else 0.5, "bubble": 0.1,
+            "peak_bytes": [2**20] * 2} for n in step}})
+    again = ps.measure(args, run_job, None, trace)
+    assert len(again["plans"]) == 2
+    assert [x["planner_step_s"] for x in again["schedules"]["zb"]["runs"]] == [0.2, 0.8]
+    assert again["schedules"]["zb"]["planner_vs_measured"] == pytest.approx(1.25)
     assert "predicted / 1f1b" in pp.table({"schedules": result})
     with pytest.raises(ValueError, match="must start with 1f1b"):
         ps.measure(parser.parse_args(["--schedules", "zb,1f1b"]), run_job, planned, trace)

@@ -32,6 +32,18 @@ def test_a_chain_splits_evenly_earlier_stages_taking_the_remainder():
     assert balanced_cuts(g, 1) == []
 
 
+def test_balance_time_moves_the_cuts_among_the_same_candidates():
+    # Equal parameters, but the last layer takes as long as the other three (--balance time).
+    g = residual_blocks(2)
+    assert balanced_cuts(g, 2) == [3]
+    timed = g.weighed([1, 1, 1, 1, 1, 1, 30])
+    assert balanced_cuts(timed, 2) == [6]  # the slow layer alone
+    assert timed.candidate_cuts() == g.candidate_cuts()
+    assert [n.layer for n in timed.nodes] == [n.layer for n in g.nodes]
+    with pytest.raises(ConfigError, match="2 layer cost"):
+        g.weighed([1, 2])
+
+
 def test_stages_are_balanced_by_parameters_not_by_layers():
     # A large first layer and three small ones: two layers a stage would put
     # 1020 parameters on stage 0 and 20 on stage 1.

@@ -36,14 +36,16 @@ def _residual(keras):
     return keras.Model(tokens, keras.layers.Dense(3, name="out")(d))
 
 
-def _train(build, schedule, stages, microbatches=4, virtual=1, copies=1, steps=6, data=None):
+def _train(build, schedule, stages, microbatches=4, virtual=1, copies=1, steps=6, data=None,
+           node_costs=None, split=None):
     import keras
 
     from tfdist.model_parallel import pipeline
 
-    split = pipeline.split(build(keras), ["/cpu:0"] * (stages * copies),
-                           microbatches=microbatches, schedule=schedule, copies=copies,
-                           virtual_stages=virtual)
+    split = split or pipeline.split(build(keras), ["/cpu:0"] * (stages * copies),
+                                    microbatches=microbatches, schedule=schedule,
+                                    copies=copies, virtual_stages=virtual,
+                                    node_costs=node_costs)
     split.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = data
@@ -116,3 +118,64 @@ def test_virtual_stages_without_interleaving_and_m_not_a_multiple_of_p_are_refus
     with pytest.raises(ConfigError, match=r"--microbatches 3"):
         pipeline.split(_mlp(keras), ["/cpu:0"] * 2, microbatches=3, schedule="interleaved",
                        virtual_stages=2)
+
+
+def test_cuts_balanced_by_time_move_and_end_with_the_same_weights():
+    """--balance time only moves the cuts: by parameters d0, d1 | d2, d3, out;
+    the last Dense made to weigh as much as the four before it stands alone."""
+    import keras
+
+    from tfdist.model_parallel import pipeline
+
+    by_parameters = pipeline.split(_mlp(keras), ["/cpu:0"] * 2, microbatches=4)
+    assert [len(layers) for layers in by_parameters.stage_layers] == [2, 3]
+    split, weights = _train(_mlp, "gpipe", 2, data=_data(), node_costs=[1, 1, 1, 1, 4])
+    assert [len(layers) for layers in split.stage_layers] == [4, 1]
+    for a, b in zip(weights, _gpipe(1)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_schedule_auto_prints_the_planners_table_picks_one_and_trains_to_gpipes_weights(
+        capsys):
+    import keras
+
+    from tfdist.strategies import pipeline as strategy
+    from tfdist.strategies.options import StrategyOptions
+
+    options = StrategyOptions(microbatches=4, schedule="auto", balance="time")
+    split = strategy.transform_model(_mlp(keras), options, devices=["/cpu:0"] * 2,
+                                     global_batch_size=16)
+    out = capsys.readouterr().out
+    table = out[out.index("tfdist: the planner's predictions"):].splitlines()
+    assert "4 micro-batches of 4 rows" in table[0] and "cuts by time" in table[0]
+    assert {r.split()[0] for r in table[3:7]} == {"gpipe", "1f1b", "zb", "interleaved"}
+    picked = next(line for line in out.splitlines() if "--schedule auto picked" in line)
+    name = picked.split("picked ")[1].split(":")[0].split()[0]
+    assert f"schedule={name}" in out  # the pipeline runs what the planner picked
+    weights = _train(_mlp, None, 2, data=_data(), split=split)[1]
+    for a, b in zip(weights, _gpipe(1)):  # whatever it picked and wherever it cut
+        np.testing.assert_array_equal(a, b)
+
+
+def test_schedule_auto_takes_the_one_schedule_that_fits_the_memory_limit(monkeypatch):
+    """The limit is a cgroup's or MemAvailable (`memory_limit`); here it is set so that
+    only the schedules with the smallest predicted peak fit (activation bytes are exact)."""
+    import keras
+
+    from tfdist import memory_limit
+    from tfdist.model_parallel import auto
+    from tfdist.strategies.options import StrategyOptions
+
+    options = StrategyOptions(microbatches=4, schedule="auto")
+    monkeypatch.setattr(memory_limit, "rss_bytes", lambda: 0)
+    monkeypatch.setattr(memory_limit, "headroom_bytes", lambda: None)
+    free = auto.plan(_mlp(keras), options, 2, 16, repeats=1)
+    peaks = {n: sum(p["peak_bytes"]) for n, p in free.predictions.items()}  # one process
+    smallest = min(peaks.values())
+    assert peaks["gpipe"] > smallest  # GPipe holds all 4 micro-batches
+    monkeypatch.setattr(memory_limit, "headroom_bytes", lambda: smallest)
+    tight = auto.plan(_mlp(keras), options, 2, 16, repeats=1)
+    assert peaks[tight.schedule] == smallest
+    assert "the fastest" in tight.lines[-1] and "fits 0 MiB a process" in tight.lines[-1]
+    fits = {row.split()[0]: row.split()[-1] for row in tight.lines[0].splitlines()[3:]}
+    assert fits["gpipe"] == "no" and fits[tight.schedule] == "yes"

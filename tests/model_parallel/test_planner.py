@@ -31,7 +31,8 @@ def test_balanced_layers_give_each_schedules_formula_and_its_memory():
     assert planner.choose({n: p for n, p in got.items() if n != "zb"}) == "interleaved"
     assert planner.choose({n: p for n, p in got.items() if n != "zb"},
                           memory_limit_bytes=8450) == "1f1b"
-    with pytest.raises(ConfigError, match="No pipeline schedule fits"):
+    with pytest.raises(ConfigError, match=r"No pipeline schedule fits 0 MiB a process "
+                                          r"\(predicted peaks: gpipe 0 MiB, .*Use more stages"):
         planner.choose(got, memory_limit_bytes=100)
 
 
@@ -46,3 +47,49 @@ def test_hand_offs_cost_interleaving_more_than_1f1b():
 def test_cuts_that_do_not_match_the_schedule_are_refused():
     with pytest.raises(ConfigError, match="it cuts 4"):
         planner.predict("interleaved", LAYERS, [0, 2, 4], 2, 4, 2)
+
+
+def test_state_factor_counts_weight_slots_and_gradients_as_memory_plan_does():
+    assert planner.state_factor(2, microbatches=1) == 4  # weight, 2 Adam slots, its gradient
+    assert planner.state_factor(2, microbatches=4) == 5  # and a running sum beside it
+    assert planner.state_factor(0, microbatches=1, copies=2) == 3
+
+
+def test_interleaving_is_offered_only_where_m_is_a_multiple_of_p():
+    assert planner.offered(2, 4) == {"gpipe": 1, "1f1b": 1, "zb": 1, "interleaved": 2}
+    assert planner.offered(2, 4, virtual=3)["interleaved"] == 3
+    assert "interleaved" not in planner.offered(4, 6)
+    assert "interleaved" not in planner.offered(1, 4)
+
+
+def test_plan_predicts_each_offered_schedule_over_its_own_cuts_and_a_baseline():
+    def cut(chunks):
+        return {2: [0, 2, 4], 4: [0, 1, 2, 3, 4]}.get(chunks)  # 8 chunks: cannot be cut
+
+    got = planner.plan(LAYERS, cut, 2, 4, planner.offered(2, 4), baseline_bytes=10**6)
+    assert set(got) == {"gpipe", "1f1b", "zb", "interleaved"}
+    assert got["interleaved"]["bounds"] == [0, 1, 2, 3, 4] and got["interleaved"]["virtual"] == 2
+    assert got["gpipe"]["peak_bytes"] == [10**6 + 8000 + 800] * 2
+    assert got["zb"]["step_s"] == _all()["zb"]["step_s"]
+    # A schedule whose cuts cannot be made is left out, not refused.
+    assert set(planner.plan(LAYERS, cut, 2, 4, {"interleaved": 4})) == set()
+
+
+def test_the_table_and_the_reason_name_the_pick_and_what_did_not_fit():
+    got = planner.plan(LAYERS, lambda c: {2: [0, 2, 4], 4: [0, 1, 2, 3, 4]}[c], 2, 4,
+                       planner.offered(2, 4))
+    table = planner.format_predictions(got, memory_limit_bytes=8450).splitlines()
+    assert table[0].split()[:3] == ["schedule", "step", "ms"]
+    rows = {r.split()[0]: r.split() for r in table[2:]}
+    assert rows["zb"][-1] == "yes" and rows["interleaved"][-1] == "no"
+    assert rows["interleaved"][1] == "v=2"
+    assert table[2].startswith("zb")  # fastest first
+    assert float(rows["1f1b"][1]) == pytest.approx(got["1f1b"]["step_s"] * 1e3, abs=0.05)
+    without_zb = {n: p for n, p in got.items() if n != "zb"}
+    pick = planner.choose(without_zb, 8450)
+    line = planner.reason(without_zb, pick, 8450)
+    assert pick == "1f1b"
+    assert line.startswith("tfdist: --schedule auto picked 1f1b: the fastest that fits")
+    assert "(faster: interleaved, too large)" in line and "\n" not in line
+    free = planner.reason(got, planner.choose(got), None)
+    assert "picked zb: the fastest predicted:" in free

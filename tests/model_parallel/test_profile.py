@@ -26,3 +26,27 @@ def test_each_layer_call_is_timed_and_its_bytes_counted():
     got = planner.predict("zb", costs, bounds, 2, 4)
     assert got["step_s"] > 0 and len(got["peak_bytes"]) == 2
     assert schedules.chunks("interleaved", 2, 2) == 4
+
+
+def test_a_model_without_values_is_timed_on_fresh_copies_and_left_as_it_was():
+    """The chief of stage processes holds the model without values (`deferred`)."""
+    import random
+
+    import keras
+
+    from tfdist.model_parallel import deferred, profile
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        h = keras.layers.Dropout(0.5, name="drop")(keras.layers.Dense(16, name="a")(inputs))
+        return keras.Model(inputs, keras.layers.Dense(4, name="out")(h))
+
+    model = deferred.build_without_values(build)
+    assert deferred.has_deferred(model)
+    state = random.getstate()
+    costs = profile.layer_costs(model, profile.sample_inputs(model, 8), repeats=1)
+    assert random.getstate() == state  # a copy's seeds are not drawn from the run's
+    assert deferred.has_deferred(model)  # no value was made in the model itself
+    assert [c.weight_bytes for c in costs] == [(8 * 16 + 16) * 4, 0, (16 * 4 + 4) * 4]
+    assert [c.activation_bytes for c in costs] == [8 * 16 * 4] * 2 + [8 * 4 * 4]

@@ -160,11 +160,27 @@ def _cfg(*argv):
       "--virtual-stages", "2", "--global-batch-size", "48"],
      _tf_config(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]), ConfigError,
      "a multiple of the 4 stages"),
+    # The planner cuts the model itself; --placement names the cuts.
+    (["--strategy", "pipeline", "--microbatches", "4", "--schedule", "auto", "--balance", "time",
+      "--placement", "a=/cpu:0;b=/cpu:1"], LOCAL, ConfigError,
+     "--schedule auto and --balance time let the planner cut the model; --placement names "
+     "the cuts itself. Drop one of them."),
+    (["--strategy", "pipeline", "--devices", "2", "--schedule", "fastest"], LOCAL,
+     ConfigError, "auto"),
 ])
 def test_adapters_own_their_pre_tensorflow_checks(argv, cluster, error, message):
     with pytest.raises(error) as e:
         _check(_cfg(*argv), cluster)
     assert message in str(e.value)
+
+
+def test_balance_applies_to_the_pipeline_only():
+    cfg = _cfg("--strategy", "model_parallel", "--devices", "2", "--balance", "time")
+    with pytest.raises(ConfigError, match="--balance applies only to --strategy pipeline; "
+                                          "this run uses --strategy model_parallel"):
+        config.check_strategy(cfg, "model_parallel", {"model_parallel"})
+    config.check_strategy(_cfg("--strategy", "pipeline", "--balance", "time"), "pipeline",
+                          {"pipeline"})
 
 
 def test_multi_worker_refuses_its_own_busy_port_before_tensorflow():
@@ -180,6 +196,10 @@ def test_multi_worker_refuses_its_own_busy_port_before_tensorflow():
 def test_options_that_apply_pass_the_same_checks():
     _check(_cfg("--strategy", "mirrored", "--devices", "2"), LOCAL)
     _check(_cfg("--strategy", "pipeline", "--devices", "2", "--microbatches", "4"), LOCAL)
+    # auto weighs interleaving only where M is a multiple of P: M = 3 on 2 stages passes.
+    _check(_cfg("--strategy", "pipeline", "--devices", "2", "--microbatches", "3",
+                "--global-batch-size", "48", "--schedule", "auto", "--virtual-stages", "2",
+                "--balance", "time"), LOCAL)
     _check(_cfg("--strategy", "pipeline", "--placement", "a=/cpu:0;b=/cpu:1"), LOCAL)
     _check(_cfg("--strategy", "model_parallel", "--devices", "2",
                                          "--tensor-parallel", "2"), LOCAL)

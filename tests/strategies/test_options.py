@@ -103,3 +103,25 @@ def test_an_old_setup_keyword_is_named_by_its_declaration():
     with pytest.raises(ConfigError, match=r"no option timeout_s=\. Did you mean "
                                           r"collective_timeout_s=\?"):
         config.for_script("auto", {"timeout_s": 5})
+
+
+def test_setup_takes_the_pipelines_schedule_options_as_the_command_line_does():
+    """`tfdist.setup(virtual_stages=..., schedule="auto", balance="time")`: #42's fields."""
+    import pytest
+
+    from tfdist.errors import ConfigError
+
+    cfg = config.for_script("pipeline", {"devices": 2, "microbatches": 4,
+                                         "schedule": "interleaved", "virtual_stages": 2})
+    assert (cfg.typed.adapter.schedule, cfg.typed.adapter.virtual_stages) == ("interleaved", 2)
+    config.check_strategy(cfg, "pipeline", {"pipeline"})
+    auto = config.for_script("pipeline", {"schedule": "auto", "balance": "time"}).typed.adapter
+    assert (auto.schedule, auto.balance) == ("auto", "time")
+    with pytest.raises(ConfigError, match="--virtual-stages must be >= 1"):
+        config.for_script("pipeline", {"virtual_stages": 0})
+    with pytest.raises(ConfigError, match="balance"):
+        config.for_script("pipeline", {"balance": "layers"})
+    single = config.for_script("single", {"virtual_stages": 2})
+    with pytest.raises(ConfigError, match="--virtual-stages applies only to --strategy "
+                                          "pipeline"):
+        config.check_strategy(single, "single", {"single"})

@@ -76,7 +76,7 @@ def _info():
     return cluster.detect({})
 
 
-@pytest.mark.parametrize("strategy", ["shm", "multi_worker"])
+@pytest.mark.parametrize("strategy", ["shm", "multi_worker", "horovod"])
 def test_the_option_applies_to_data_parallel_engines(strategy):
     cfg = config.merge({}, ["--strategy", strategy, "--shard-optimizer-state"], "recipe r")
     config.check_strategy(cfg, strategy, strategies.possible_names(strategy, _info(), None))
@@ -84,7 +84,7 @@ def test_the_option_applies_to_data_parallel_engines(strategy):
 
 
 @pytest.mark.parametrize("strategy", ["single", "mirrored", "model_parallel", "pipeline",
-                                      "parameter_server", "horovod"])
+                                      "parameter_server"])
 def test_the_option_is_refused_elsewhere_with_one_line(strategy):
     cfg = config.merge({}, ["--strategy", strategy, "--shard-optimizer-state"], "recipe r")
     with pytest.raises(ConfigError) as e:
@@ -93,12 +93,13 @@ def test_the_option_is_refused_elsewhere_with_one_line(strategy):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("strategy", ["shm", "horovod"])
 @pytest.mark.parametrize("optimizer", ["lamb", "adafactor", "muon"])
-def test_optimizers_that_read_a_whole_weight_are_refused(optimizer):
-    cfg = config.merge({}, ["--strategy", "shm", "--shard-optimizer-state", "--optimizer",
+def test_optimizers_that_read_a_whole_weight_are_refused(optimizer, strategy):
+    cfg = config.merge({}, ["--strategy", strategy, "--shard-optimizer-state", "--optimizer",
                             optimizer], "recipe r")
     with pytest.raises(ConfigError, match=f"does not apply to {optimizer}") as e:
-        strategies.REGISTRY["shm"].check_config(cfg.typed, _info())
+        strategies.REGISTRY[strategy].check_config(cfg.typed, _info())
     assert "\n" not in str(e.value)
     # Without the option the same optimizer is fine.
     plain = config.merge({}, ["--strategy", "shm", "--optimizer", optimizer], "recipe r")

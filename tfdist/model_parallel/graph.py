@@ -128,6 +128,21 @@ class Graph:
         """Parameters of nodes [start, end) (`Node.cost`)."""
         return sum(node.cost for node in self.nodes[start:end])
 
+    def weighed(self, costs: Sequence[int]) -> "Graph":
+        """This graph with each node weighing `costs[k]` in `balanced_cuts` instead of
+        its parameters (`--balance time`: measured nanoseconds). The candidate cuts
+        stay the same: only where among them the cuts fall changes.
+
+        Raises:
+            ConfigError: when `costs` does not give one cost per node.
+        """
+        if len(costs) != len(self.nodes):
+            raise ConfigError(f"Got {len(costs)} layer cost(s) for {len(self.nodes)} layer "
+                              "calls; the profile pass measures each call once.")
+        return dataclasses.replace(self, nodes=tuple(
+            dataclasses.replace(node, params=max(int(c), 0))
+            for node, c in zip(self.nodes, costs)))
+
 
 def balanced_cuts(graph: Graph, stages: int) -> list[int]:
     """Pure function: `stages - 1` candidate cuts that spread the parameters evenly.

@@ -303,7 +303,7 @@ def _model_class():
 
 def split(model, devices: list[str] | None = None, placement: str = "", microbatches: int = 1,
           schedule: str = "gpipe", tensor_parallel: int = 1, copies: int = 1,
-          virtual_stages: int = 1):
+          virtual_stages: int = 1, node_costs: list[int] | None = None):
     """Cuts a model into placed stages trained with micro-batches, each maybe tensor-parallel.
 
     Args:
@@ -326,6 +326,9 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             and every copy then takes copy 0's weights.
         virtual_stages: V, chunks each device holds under "interleaved": the
             model is cut into P·V chunks, chunk k on the device of k mod P.
+        node_costs: What each layer call weighs when the cuts are balanced
+            (`--balance time`: its measured time); None: its parameters. The
+            cuts only move: the weights trained are the same.
 
     Returns:
         A `PipelineModel` (uncompiled) starting from `model`'s weights.
@@ -356,7 +359,8 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
             raise ConfigError("Model parallelism needs devices: pass --devices N (at least 2) "
                               "or --placement 'layer_a=/cpu:0;layer_b=/cpu:1'.")
         stage_groups = _chunks(_groups(first_devices, t), virtual_stages)
-        cuts = graph_lib.balanced_cuts(graph, len(stage_groups))
+        cuts = graph_lib.balanced_cuts(graph.weighed(node_costs) if node_costs else graph,
+                                       len(stage_groups))
     bounds = (0, *cuts, len(graph.nodes))
     stage_of = {}
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):

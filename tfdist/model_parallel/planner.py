@@ -7,8 +7,11 @@ makes (P chunks, or P·V interleaved), and the time one hand-off between
 devices costs, `predict` runs each schedule on paper (`simulate.run`) and
 counts what each device holds at its peak: its weights with their
 gradients and optimizer slots, and the activations of the micro-batches in
-flight (F done, its B or W not), chunk by chunk. `choose` picks the fastest
-schedule that fits a memory limit.
+flight (F done, its B or W not), chunk by chunk, over a measured baseline
+(what a process holds before its stage: TensorFlow itself). `plan` does it
+for every schedule offered, `choose` picks the fastest that fits a memory
+limit, and `format_predictions` and `reason` print the result beside the
+placement table (`tfdist.strategies.pipeline`).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def peak_bytes(actions: list[tuple], device: int, chunks: list[dict]) -> int:
 
 def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
             microbatches: int, virtual: int = 1, hop_s: float = 0.0,
-            state_factor: float = 4.0) -> dict:
+            state_factor: float = 4.0, baseline_bytes: int = 0) -> dict:
     """Pure function: one schedule's predicted step, bubble and each device's peak bytes.
 
     Args:
@@ -74,7 +77,9 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
         virtual: V (interleaved).
         hop_s: What one tensor hand-off between devices adds.
         state_factor: Bytes held a weight byte: the weight, its gradient sum and
-            the optimizer's slots (4 for Adam: 2 slots).
+            the optimizer's slots (4 for Adam: 2 slots; `state_factor`).
+        baseline_bytes: What each process holds before its stage (TensorFlow's
+            own memory), added to each device's peak.
 
     Returns:
         {"step_s", "bubble", "busy_s": [per device], "peak_bytes": [per device],
@@ -97,7 +102,55 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
     activations = [peak_bytes(actions, d, chunks) for d, actions in enumerate(schedule)]
     return {"step_s": run["step"], "bubble": run["bubble"], "busy_s": run["busy"],
             "activation_bytes": activations,
-            "peak_bytes": [int(state_factor * w) + a for w, a in zip(held, activations)]}
+            "weight_bytes": held,
+            "peak_bytes": [baseline_bytes + int(state_factor * w) + a
+                           for w, a in zip(held, activations)]}
+
+
+def state_factor(slots: int = 2, microbatches: int = 1, copies: int = 1) -> int:
+    """Pure function: bytes a process holds per weight byte: the weight, the optimizer's
+    `slots` (Adam 2, SGD with momentum 1), and its gradients once (M = 1, one copy)
+    or twice (a running sum beside a micro-batch's own), as `memory_plan` counts them."""
+    return 1 + slots + (1 if microbatches == 1 and copies == 1 else 2)
+
+
+def offered(stages: int, microbatches: int, virtual: int = 1) -> dict[str, int]:
+    """Pure function: the schedules `--schedule auto` weighs, each with its V.
+
+    gpipe, 1f1b and zb always; interleaved (with `virtual`, 2 when 1) where M
+    is a multiple of P and there are at least two stages.
+    """
+    out = {"gpipe": 1, "1f1b": 1, "zb": 1}
+    if stages > 1 and microbatches % stages == 0:
+        out["interleaved"] = max(virtual, 2)
+    return out
+
+
+def plan(layers: list[LayerCost], cut, stages: int, microbatches: int,
+         schedules_v: dict[str, int], hop_s: float = 0.0, state: float = 4.0,
+         baseline_bytes: int = 0) -> dict[str, dict]:
+    """Pure function: `predict` for each schedule of `schedules_v` (name -> V).
+
+    Args:
+        layers: Each layer call's measured cost.
+        cut: chunks -> the bounds [0, ..., len(layers)] of that many chunks, or
+            None where the model cannot be cut that many ways (the schedule
+            is then left out).
+        stages, microbatches, hop_s, baseline_bytes: as `predict`.
+        schedules_v: The schedules offered (`offered`).
+        state: `predict`'s `state_factor`.
+
+    Returns:
+        name -> `predict`'s result with "bounds" and "virtual" added.
+    """
+    out = {}
+    for name, v in schedules_v.items():
+        bounds = cut(schedules.chunks(name, stages, v))
+        if bounds is None:
+            continue
+        out[name] = {"bounds": list(bounds), "virtual": v, **predict(
+            name, layers, list(bounds), stages, microbatches, v, hop_s, state, baseline_bytes)}
+    return out
 
 
 def choose(predictions: dict[str, dict], memory_limit_bytes: int | None = None) -> str:
@@ -112,6 +165,43 @@ def choose(predictions: dict[str, dict], memory_limit_bytes: int | None = None) 
         peaks = ", ".join(f"{n} {max(p['peak_bytes']) / 2**20:.0f} MiB"
                           for n, p in predictions.items())
         raise ConfigError(f"No pipeline schedule fits {memory_limit_bytes / 2**20:.0f} MiB a "
-                          f"device (predicted peaks: {peaks}). Use more stages or fewer "
-                          "micro-batches in flight (--schedule 1f1b).")
+                          f"process (predicted peaks: {peaks}). Use more stages (each holds "
+                          "less of the model), a smaller --global-batch-size (fewer "
+                          "activation bytes in flight), or free memory.")
     return min(fits, key=lambda n: (fits[n]["step_s"], n))
+
+
+def reason(predictions: dict[str, dict], chosen: str,
+           memory_limit_bytes: int | None = None) -> str:
+    """Pure function: one line saying which schedule `--schedule auto` picked and why."""
+    best = predictions[chosen]
+    rest = sorted((p["step_s"], n) for n, p in predictions.items() if n != chosen)
+    faster = [n for s, n in rest if s < best["step_s"]]
+    limit = ("" if memory_limit_bytes is None
+             else f" {memory_limit_bytes / 2**20:.0f} MiB a process")
+    why = (f"the fastest that fits{limit} (faster: {', '.join(faster)}, too large)" if faster
+           else f"the fastest predicted{', and it fits' + limit if limit else ''}")
+    runner = (f"; next {rest[0][1]} {rest[0][0] * 1e3:.1f} ms" if rest else "")
+    v = f" v={best['virtual']}" if best.get("virtual", 1) > 1 else ""
+    return (f"tfdist: --schedule auto picked {chosen}{v}: {why}: predicted "
+            f"{best['step_s'] * 1e3:.1f} ms a step, bubble {best['bubble']:.2f}, peak "
+            f"{max(best['peak_bytes']) / 2**20:.0f} MiB a process{runner}")
+
+
+def format_predictions(predictions: dict[str, dict],
+                       memory_limit_bytes: int | None = None) -> str:
+    """Pure function: the planner's table, one row a schedule: its predicted step,
+    bubble, each process's peak and whether it fits `memory_limit_bytes`."""
+    head = ("schedule", "step ms", "bubble", "peak MiB per process", "fits")
+    body = []
+    for name, p in sorted(predictions.items(), key=lambda kv: (kv[1]["step_s"], kv[0])):
+        v = p.get("virtual", 1)
+        fits = (memory_limit_bytes is None or max(p["peak_bytes"]) <= memory_limit_bytes)
+        body.append((name + (f" v={v}" if v > 1 else ""), f"{p['step_s'] * 1e3:.1f}",
+                     f"{p['bubble']:.3f}", " / ".join(f"{b / 2**20:.0f}" for b in p["peak_bytes"]),
+                     "yes" if fits else "no"))
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                              for i, (c, w) in enumerate(zip(r, widths)))
+    line = fmt(head)
+    return "\n".join([line, "-" * len(line), *map(fmt, body)])

@@ -8,10 +8,17 @@ its forward and inputs' gradient, its forward and weights' gradient (for an
 upstream gradient of ones). Each is timed `repeats` times (the median kept);
 I and W are the latter two less the forward. The bytes its forward keeps
 are its outputs'; a layer's weights are counted at its first call.
+
+Each layer is timed as a fresh copy made from its config (and dropped after
+its last call), so a model built without values (the chief of stage
+processes, `deferred`) can be measured one layer at a time, and the model
+itself is left untouched: its layers' state (a Dropout's seed) and Python's
+random state (from which a copy's seeds are drawn) are as they were.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -27,6 +34,32 @@ def _timed(fn, repeats):
     return statistics.median(times), result
 
 
+def sample_inputs(model, rows: int) -> list:
+    """One micro-batch of `rows` rows for each of `model.inputs`: normal floats, zero ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=(rows, *t.shape[1:])).astype(t.dtype) if "float" in str(t.dtype)
+            else np.zeros((rows, *t.shape[1:]), t.dtype) for t in model.inputs]
+
+
+def _fresh(layer):
+    """A copy of `layer` from its config (built at its first call), or `layer` itself
+    when it cannot be copied and holds its values."""
+    from tfdist.errors import ConfigError
+    from tfdist.model_parallel import deferred
+
+    try:
+        return layer.__class__.from_config(layer.get_config())
+    except Exception as e:  # a user's layer class: measured as it is where it can be
+        if not any(deferred.is_deferred(v) for v in layer.weights):
+            return layer
+        raise ConfigError(f"The planner cannot time layer {layer.name!r}: it cannot be copied "
+                          f"from its config ({type(e).__name__}). Drop --schedule auto and "
+                          "--balance time, or give the layer a get_config() its constructor "
+                          "accepts.") from None
+
+
 def layer_costs(model, inputs, repeats: int = 11) -> list[LayerCost]:
     """Each layer call's `LayerCost` on the micro-batch `inputs` (a list, `model.inputs` order).
 
@@ -36,51 +69,69 @@ def layer_costs(model, inputs, repeats: int = 11) -> list[LayerCost]:
         repeats: Timings of each part (the median is kept; the first run
             of each is a warm-up and not timed).
     """
-    import numpy as np
     import tensorflow as tf
-    from keras import tree
 
     from tfdist.model_parallel import graph as graph_lib
 
     known = {id(t): tf.convert_to_tensor(v) for t, v in zip(model.inputs, inputs)}
-    counted, out = set(), []
-    for node in graph_lib.keras_nodes(model):
-        args, kwargs = node.arguments.fill_in(known)
-        layer = node.operation
-        ins = [known[id(t)] for t in dict.fromkeys(node.input_tensors)
-               if known[id(t)].dtype.is_floating]
-
-        variables = list(layer.trainable_weights)
-
-        def part(sources):
-            def run():
-                with tf.GradientTape() as tape:
-                    tape.watch(ins)
-                    made = tree.flatten(layer(*args, **kwargs))
-                if sources is None:
-                    return made
-                grads = tape.gradient(made, sources,
-                                      output_gradients=[tf.ones_like(t) for t in made])
-                return [getattr(g, "values", g) for g in grads if g is not None]
-            return tf.function(run)
-
-        timed = {}
-        for key, sources in (("F", None), ("I", ins), ("W", variables)):
-            if key != "F" and not sources:
-                timed[key] = timed["F"]
-                continue
-            fn = part(sources)
-            fn()  # traced, not timed
-            timed[key] = _timed(fn, repeats)[0]
-        made = tree.flatten(layer(*args, **kwargs))
-        forward_s = timed["F"]
-        input_s, weight_s = (max(timed[k] - forward_s, 0.0) for k in ("I", "W"))
-        weight_bytes = 0 if id(layer) in counted else sum(
-            int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in layer.weights)
-        counted.add(id(layer))
-        out.append(LayerCost(forward_s, input_s, weight_s,
-                             sum(int(np.prod(t.shape)) * t.dtype.size for t in made),
-                             weight_bytes))
-        for ref, value in zip(node.outputs, made):
-            known[id(ref)] = value
+    counted, out, copies = set(), [], {}
+    nodes = graph_lib.keras_nodes(model)
+    last = {id(node.operation): k for k, node in enumerate(nodes)}
+    seeds = random.getstate()
+    try:
+        for k, node in enumerate(nodes):
+            out.append(_node_cost(node, known, copies, counted, repeats))
+            if last[id(node.operation)] == k:
+                copies.pop(id(node.operation), None)  # one layer's weights at a time
+    finally:
+        random.setstate(seeds)
     return out
+
+
+def _node_cost(node, known, copies, counted, repeats) -> LayerCost:
+    """One layer call's `LayerCost`; its outputs go into `known` for the next calls."""
+    import numpy as np
+    import tensorflow as tf
+    from keras import tree
+
+    args, kwargs = node.arguments.fill_in(known)
+    original = node.operation
+    if id(original) not in copies:
+        copies[id(original)] = _fresh(original)
+    layer = copies[id(original)]
+    made = tree.flatten(layer(*args, **kwargs))  # builds a fresh copy, eagerly
+    ins = [known[id(t)] for t in dict.fromkeys(node.input_tensors)
+           if known[id(t)].dtype.is_floating]
+
+    variables = list(layer.trainable_weights)
+
+    def part(sources):
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch(ins)
+                made = tree.flatten(layer(*args, **kwargs))
+            if sources is None:
+                return made
+            grads = tape.gradient(made, sources,
+                                  output_gradients=[tf.ones_like(t) for t in made])
+            return [getattr(g, "values", g) for g in grads if g is not None]
+        return tf.function(run)
+
+    timed = {}
+    for key, sources in (("F", None), ("I", ins), ("W", variables)):
+        if key != "F" and not sources:
+            timed[key] = timed["F"]
+            continue
+        fn = part(sources)
+        fn()  # traced, not timed
+        timed[key] = _timed(fn, repeats)[0]
+    forward_s = timed["F"]
+    input_s, weight_s = (max(timed[k] - forward_s, 0.0) for k in ("I", "W"))
+    weight_bytes = 0 if id(original) in counted else sum(
+        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in layer.weights)
+    counted.add(id(original))
+    for ref, value in zip(node.outputs, made):
+        known[id(ref)] = value
+    return LayerCost(forward_s, input_s, weight_s,
+                     sum(int(np.prod(t.shape)) * t.dtype.size for t in made),
+                     weight_bytes)

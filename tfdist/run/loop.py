@@ -164,10 +164,11 @@ def save_final(model, writer: ChiefWriter, asked: str = "auto") -> str:
     (`tfdist.final_weights`); the other form's files are removed. Returns what
     it wrote, in words."""
     from tfdist import final_weights as fw
+    from tfdist import memory_limit
 
     unsplit = getattr(model, "unsplit", None)
     source = unsplit() if unsplit else model
-    headroom = fw.headroom_bytes() if asked == "auto" and writer.is_chief else None
+    headroom = memory_limit.headroom_bytes() if asked == "auto" and writer.is_chief else None
     if fw.final_form(asked, fw.weight_bytes(source), headroom) == "keras":
         for name in fw.sharded_files(writer.model_dir):
             writer.remove(name)

@@ -383,7 +383,7 @@ class FitRun:
                       f"; {self.steps_per_epoch} steps per epoch")
         with self.dist.scope():
             model = hooks.transform_model(hooks.build_model(
-                lambda: recipe_lib.build_model(recipe, cfg)))
+                lambda: recipe_lib.build_model(recipe, cfg)), global_batch_size=self.gbs)
             optimizer = hooks.wrap_optimizer(recipe_lib.build_optimizer(
                 recipe, cfg, self.lr, self.settings.optimization))
             model.compile(optimizer=optimizer, **recipe_lib.compile_kwargs(recipe, cfg),

@@ -60,8 +60,14 @@ class Hooks:
         """
         return build()
 
-    def transform_model(self, model):
-        """The model to train, from the recipe's (model parallelism splits it)."""
+    def transform_model(self, model, global_batch_size: int = 0):
+        """The model to train, from the recipe's (model parallelism splits it).
+
+        Args:
+            model: The recipe's built model.
+            global_batch_size: Examples a step, all replicas (0: not known); a
+                pipeline's planner measures a micro-batch of it.
+        """
         return model
 
     def callbacks(self, learning_rate: float, warmup_epochs: float = 0.0,

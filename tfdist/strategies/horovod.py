@@ -63,6 +63,11 @@ class HorovodHooks(ProcessReplicaHooks):
         return hvd.allreduce(tf.cast(flag, tf.float32), op=hvd.Min,
                              name="tfdist_all_finite", ignore_name_scope=True) > 0.5
 
+    def _owner_gather(self):
+        from tfdist.horovod.gather import OwnerGather
+
+        return OwnerGather()
+
     def _engine_collectives(self):
         from tfdist.horovod.collectives import HorovodCollectives
 
@@ -75,7 +80,7 @@ class Horovod(Adapter):
 
     name = "horovod"
     portable = True
-    accepts = ("grad_compression",)
+    accepts = ("grad_compression", "shard_optimizer_state")
     process_replicas = True
     sync_workers = True
 
@@ -83,8 +88,16 @@ class Horovod(Adapter):
     def check_available(cls):
         check_available()
 
+    @classmethod
+    def check_config(cls, settings, cluster):
+        super().check_config(settings, cluster)
+        from tfdist.zero import partition
+
+        partition.check_config(settings)
+
     def build(self):
         return build(self.cluster, self.options)
 
     def hooks(self) -> Hooks:
-        return HorovodHooks(self.cluster, self.options.grad_compression)
+        return HorovodHooks(self.cluster, self.options.grad_compression,
+                            self.options.shard_optimizer_state)

@@ -31,7 +31,8 @@ def build(cluster, options):
 
 
 def transform_model(model, options, microbatches: int = 1, schedule: str = "gpipe",
-                    devices: list[str] | None = None, copies: int = 1):
+                    devices: list[str] | None = None, copies: int = 1,
+                    global_batch_size: int = 0, node_costs: list[int] | None = None):
     """Splits `model` into placed stages and prints the placement table.
 
     Args:
@@ -41,6 +42,10 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
         schedule: The pipeline schedule ("gpipe" or "1f1b").
         devices: The stages' devices; None: `options.devices` local ones (or the placement's).
         copies: Data-parallel copies of the pipeline over `devices` (copy-major).
+        global_batch_size: Not read here (the pipeline's planner sizes its
+            micro-batch from it; the hooks pass it to either).
+        node_costs: Each layer call's weight for the cuts (`--balance time`);
+            None: its parameters.
 
     Returns:
         A `tfdist.model_parallel.pipeline` PipelineModel with `model`'s weights.
@@ -51,7 +56,8 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
     if devices is None and not options.placement:
         devices = local_devices(options.devices)
     split = pipeline.split(model, devices, options.placement, microbatches, schedule,
-                           options.tensor_parallel, copies, options.virtual_stages)
+                           options.tensor_parallel, copies, options.virtual_stages,
+                           node_costs)
     table = plan.format_placement(placement.placement_rows(split.pipeline_layers))
     tensor = (f", {options.tensor_parallel}-way tensor parallel in each"
               if options.tensor_parallel > 1 else "")
@@ -69,8 +75,8 @@ class ModelParallelHooks(Hooks):
     def __init__(self, options, transform):
         self.options, self._transform = options, transform
 
-    def transform_model(self, model):
-        return self._transform(model, self.options)
+    def transform_model(self, model, global_batch_size=0):
+        return self._transform(model, self.options, global_batch_size=global_batch_size)
 
     def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
         """The memory each process will hold, printed before the first step."""

@@ -51,9 +51,14 @@ class StrategyOptions:
             all-reduce after the whole backward pass; -1: the engine's measured
             default (`tfdist.buckets.ENGINE_DEFAULTS_MB`).
         microbatches: Micro-batches per batch (pipeline).
-        schedule: The pipeline schedule, "gpipe", "1f1b", "interleaved" or "zb".
+        schedule: The pipeline schedule, "gpipe", "1f1b", "interleaved", "zb",
+            or "auto" (the planner's fastest predicted that fits memory).
         virtual_stages: Chunks of the model each pipeline stage holds
-            (V, interleaved schedule only).
+            (V, interleaved schedule only; under "auto", the V interleaving is
+            offered with, 2 when 1).
+        balance: Where the pipeline's cuts go: "parameters" (even parameter
+            counts) or "time" (even measured per-layer time, from the
+            planner's short profile pass).
         placement: "a,b=/cpu:0;c=/cpu:1" layer groups on devices (model_parallel,
             pipeline); empty for an even split over `devices`.
         stages: Pipeline stages across processes (0: one per task).
@@ -65,7 +70,7 @@ class StrategyOptions:
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
         shard_optimizer_state: Each worker keeps and updates the optimizer
             state of its share of the variables only (ZeRO-1; multi_worker,
-            shm; `tfdist.zero`).
+            shm, horovod; `tfdist.zero`).
     """
 
     devices: int = _declared(Option(
@@ -96,10 +101,16 @@ class StrategyOptions:
     schedule: str = _declared(Option(
         "gpipe", "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (at most "
         "P micro-batches' activations per stage), interleaved (V chunks a stage, "
-        "--virtual-stages) or zb (zero bubble: weight gradients fill the bubble)",
-        choices=PIPELINE_SCHEDULES))
+        "--virtual-stages), zb (zero bubble: weight gradients fill the bubble) or auto (the "
+        "planner's fastest predicted schedule that fits each process's memory)",
+        choices=(*PIPELINE_SCHEDULES, "auto")))
     virtual_stages: int = _declared(Option(
-        1, "chunks of the model each pipeline stage holds (--schedule interleaved)", ge=1))
+        1, "chunks of the model each pipeline stage holds (--schedule interleaved; under "
+        "auto, the V interleaving is offered with, 2 when 1)", ge=1))
+    balance: str = _declared(Option(
+        "parameters", "pipeline cuts: parameters (even parameter counts) or time (even "
+        "per-layer time, measured by a short profile pass before the first step)",
+        choices=("parameters", "time")))
     placement: str = _declared(Option(
         "", "layer groups on devices, e.g. 'a,b=/cpu:0;c=/cpu:1' (default: an even split "
         "over --devices)"))

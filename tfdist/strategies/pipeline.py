@@ -22,19 +22,50 @@ def build(cluster, options):
     return model_parallel.build(cluster, options)
 
 
-def transform_model(model, options, devices=None, copies=1):
+def transform_model(model, options, devices=None, copies=1, global_batch_size=0):
     """Splits `model` into stages trained with `options.microbatches` micro-batches.
+
+    Under `--schedule auto` or `--balance time` the planner measures the
+    model's layers first (`model_parallel.auto`), prints its predictions, and
+    picks the schedule or moves the cuts.
 
     Args:
         model: The recipe's built model.
         options: StrategyOptions.
         devices: The stages' devices (tasks across processes); None: local devices.
         copies: Data-parallel copies of the pipeline over `devices` (copy-major).
-    """
-    from tfdist.model_parallel import simulate
+        global_batch_size: Examples a step, all copies (the planner's micro-batch).
 
+    Raises:
+        ConfigError: when the planner is asked for without a batch size.
+    """
+    import dataclasses
+
+    from tfdist.model_parallel import auto, simulate
+
+    node_costs = None
+    if auto.needed(options):
+        from tfdist.errors import ConfigError
+        from tfdist.strategies.devices import local_devices
+
+        if not global_batch_size:
+            raise ConfigError("--schedule auto and --balance time size the planner's "
+                              "micro-batch from the batch: pass global_batch_size to "
+                              "tfdist's model() (python -m tfdist.train does).")
+        across = devices is not None  # only the stage tasks' hooks name the devices
+        devices = devices if across else local_devices(options.devices)
+        stages = len(devices) // (copies * options.tensor_parallel)
+        planned = auto.plan(model, options, stages,
+                            global_batch_size // (copies * options.microbatches), copies,
+                            across_processes=across)
+        for line in planned.lines:
+            print(line, flush=True)
+        node_costs = planned.node_costs
+        options = dataclasses.replace(options, schedule=planned.schedule,
+                                      virtual_stages=planned.virtual)
     split = model_parallel.transform_model(model, options, options.microbatches,
-                                           options.schedule, devices=devices, copies=copies)
+                                           options.schedule, devices=devices, copies=copies,
+                                           node_costs=node_costs)
     v = options.virtual_stages
     p = len(split.stage_devices) // v
     data = f" x {copies} data-parallel copies" if copies > 1 else ""
@@ -45,14 +76,24 @@ def transform_model(model, options, devices=None, copies=1):
 
 
 def check_schedule(options, stages: int) -> None:
-    """Pure check of --schedule, --virtual-stages and --microbatches against P stages.
+    """Pure check of --schedule, --virtual-stages, --balance and --microbatches against P.
 
     Raises:
         ConfigError: what `schedules.build` refuses (V without interleaved, M not a
-            multiple of P under interleaved).
+            multiple of P under interleaved); --schedule auto or --balance time
+            with --placement (the planner cuts the model; --placement names cuts).
     """
+    from tfdist.errors import ConfigError
     from tfdist.model_parallel import schedules
 
+    asked = [f for f, on in (("--schedule auto", options.schedule == "auto"),
+                             ("--balance time", options.balance == "time")) if on]
+    if asked and options.placement:
+        raise ConfigError(f"{' and '.join(asked)} {'let' if len(asked) > 1 else 'lets'} the "
+                          "planner cut the model; --placement "
+                          "names the cuts itself. Drop one of them.")
+    if options.schedule == "auto":  # V is the one interleaving is offered with
+        return
     schedules.build(options.schedule, max(stages, 1), options.microbatches,
                     options.virtual_stages)
 
@@ -95,14 +136,15 @@ class StageHooks(model_parallel.ModelParallelHooks):
         self.devices = devices
         self.copies = copies
 
-    def _split(self, model, options):
+    def _split(self, model, options, global_batch_size=0):
         """`transform_model` over the tasks; a model too small for the stages is refused
         with advice in processes and --stages (--devices does not apply here)."""
         from tfdist.errors import ConfigError
         from tfdist.model_parallel import graph, tasks
 
         try:
-            return transform_model(model, options, self.devices, self.copies)
+            return transform_model(model, options, self.devices, self.copies,
+                                   global_batch_size)
         except graph.SplitError as e:
             raise ConfigError(tasks.too_many_stages(self.cluster.num_tasks, e.stages,
                                                      e.most)) from None
@@ -155,7 +197,7 @@ class Pipeline(model_parallel.ModelParallel):
     name = "pipeline"
     loop = "stages"
     accepts = ("devices", "placement", "microbatches", "schedule", "tensor_parallel", "stages",
-               "collective_timeout_s", "virtual_stages")
+               "collective_timeout_s", "virtual_stages", "balance")
     one_process = False  # one stage per task when started as several
     portable = True  # the same math as one device: a backup resumes at any P, or unsplit
 

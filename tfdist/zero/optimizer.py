@@ -104,7 +104,14 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         if mine:
             base._backend_update_step(self, [grads[i] for i in mine],
                                       [trainable_variables[i] for i in mine], learning_rate)
-        gather(list(trainable_variables), owner_of, rank)
+        keep = getattr(gather, "keep", None)
+        if keep is not None:
+            # The gather waits for every reduced gradient, used here or not: an engine
+            # whose all-reduce ops are not stateful (Horovod's) would otherwise have the
+            # unused ones pruned from this worker's graph, and their owners wait for ever.
+            gather(list(trainable_variables), owner_of, rank, after=keep(_tensors(grads)))
+        else:
+            gather(list(trainable_variables), owner_of, rank)
 
     def save_own_variables(self, store):
         # A saved model is whole: it keeps the shared variables, not this worker's share
@@ -129,6 +136,15 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         "_tfdist_rank": rank,
         "_tfdist_size": size,
     })
+
+
+def _tensors(grads) -> list:
+    """The tensors of a gradient list (an IndexedSlices' values and indices)."""
+    out = []
+    for g in grads:
+        if g is not None:
+            out += [g.values, g.indices] if hasattr(g, "indices") else [g]
+    return out
 
 
 def _outside_strategy():
