@@ -90,11 +90,13 @@ def _scatter_round(all_to_all, members, rank: int, after=None):
         dtype = next(p for p in pieces if p is not None).dtype
         # Built once the previous piece has arrived: nothing else orders these copies of
         # the gradients, and TensorFlow would otherwise make every piece's at once.
+        # One copy: the rows and their padding concatenated, then viewed as [n, width].
         with tf.control_dependencies([] if received is None else [received]):
-            rows = [tf.zeros([width], dtype) if p is None else
-                    tf.pad(tf.reshape(p, [-1]), [[0, width - s]])
-                    for p, s in zip(pieces, sizes)]
-            sent = tf.stack(rows)
+            parts = []
+            for p, s in zip(pieces, sizes):
+                parts += ([] if p is None else [tf.reshape(p, [-1])]) + (
+                    [tf.zeros([width - s], dtype)] if s < width else [])
+            sent = tf.reshape(tf.concat(parts, 0), [len(pieces), width])
         received = all_to_all(sent)  # row p: rank p's rows of my variable's piece
         if pieces[rank] is not None:
             total = tf.reduce_sum(received, axis=0)[:sizes[rank]]
