@@ -4,8 +4,10 @@ state, end with one replica's weights.
 One launched job per (strategy, N) trains the dense and the Embedding
 (attention) model with SGD + momentum, Adam, AdamW and RMSprop in sequence
 (tests/workers/equality_matrix.py through `tfdist.setup(shard_optimizer_state=True)`),
-plus Adam on the Embedding model with 2 accumulated half batches; the
-one-replica reference is one more process. Every cell must equal one replica at
+plus Adam on the Embedding model with 2 accumulated half batches and SGD on it
+with every step clipped by global norm (multi_worker sums each gradient onto
+its owner only, `tfdist.zero.scatter`, so the norm adds every worker's part);
+the one-replica reference is one more process. Every cell must equal one replica at
 rtol 1e-5 (multi_worker gathering the weights in row ranges of 100 elements),
 every worker must hold the same weights, and each worker's slots must be its
 share: together exactly one replica's, none over the mean by more than the
@@ -21,7 +23,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, run_py_many, tail
+from tests.conftest import WORKERS, run_py, run_py_many, tail
 from tests.integration.test_equality_matrix import ATOL, RTOL, _assert_equal_weights, _load
 
 pytestmark = pytest.mark.integration
@@ -29,7 +31,8 @@ pytestmark = pytest.mark.integration
 WORKER = os.path.join(WORKERS, "equality_matrix.py")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 MODELS = "dense,attention"
-VARIANTS = "attention:adam:acc2"
+VARIANTS = "attention:adam:acc2,attention:sgd:clip"
+CLIPPED = "attention:sgd:clip"  # the reference trains it too
 # Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
 # velocity (no momentum: its default).
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
@@ -39,7 +42,7 @@ JOBS = {("shm", 2), ("shm", 4), ("multi_worker", 2), ("multi_worker", 4)}
 def _command(out, strategy, n):
     args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
     if n == 0:
-        return args
+        return [*args, "--variants", CLIPPED]
     # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several.
     chunks = ["--gather-chunk-elements", "100"] if strategy == "multi_worker" else []
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
@@ -74,6 +77,9 @@ def test_sharded_workers_equal_one_replica(runs, job):
     # Sparse gradients, 2 accumulated half batches: the same step as one full batch.
     _assert_equal_weights(cells["attention-adam-acc2"], reference["attention-adam"],
                           cell=f"{job} attention-adam-acc2")
+    # Every step clipped by the global norm of the summed gradients (dense and sparse).
+    _assert_equal_weights(cells["attention-sgd-clip"], reference["attention-sgd-clip"],
+                          cell=f"{job} attention-sgd-clip")
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
@@ -87,6 +93,15 @@ def test_each_worker_holds_its_share_of_the_state(runs, job):
         bound = SLOTS_PER_WEIGHT[optimizer] * states[0]["largest"]
         assert max(slots) <= total / n + bound, (optimizer, slots)
         assert min(slots) > 0, slots
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_multi_worker_sums_gradients_onto_their_owners(runs, job):
+    # multi_worker reduce-scatters (tfdist.zero.scatter); shm's engine all-reduces.
+    for worker in runs[job].values():
+        for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + ["attention-sgd-clip"]:
+            state = json.loads(worker[f"state:{row}"])
+            assert state["scattered"] is (job[0] == "multi_worker"), (job, row, state)
 
 
 def test_the_reference_moved_every_weight(runs):
@@ -151,3 +166,34 @@ def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path)
             assert len(weights) == len(baseline) == 4
             for a, b in zip(weights, baseline):
                 np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)
+    # The sharded run's model.keras is whole and loads: its optimizer group keeps the
+    # shared scalars only (no worker's share of the slots), so Keras skips it, saying so.
+    _assert_loads_without_optimizer_state(os.path.join(four, "model.keras"))
+
+
+LOAD = """
+import sys, warnings
+import keras
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model = keras.saving.load_model(sys.argv[1])
+print("LOADED", len(model.get_weights()))
+for w in caught:
+    print("WARNING", str(w.message).replace(chr(10), " "))
+"""
+
+
+def _assert_loads_without_optimizer_state(path):
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(path) as z, z.open("model.weights.h5") as f, h5py.File(f, "r") as h5:
+        shapes = []
+        h5["optimizer"].visititems(lambda name, obj: shapes.append(obj.shape) if isinstance(
+            obj, h5py.Dataset) else None)
+    assert shapes and all(shape == () for shape in shapes), shapes  # iterations, rate
+    proc = run_py(["-c", LOAD, path])
+    assert proc.returncode == 0, tail(proc)
+    assert "LOADED 4" in proc.stdout, tail(proc)
+    assert "WARNING Skipping variable loading for optimizer" in proc.stdout, tail(proc)

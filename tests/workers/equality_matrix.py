@@ -13,7 +13,8 @@ Each is trained for S steps at global batch 32 with `fit`, from the same
 seed, under STRATEGY through `tfdist.setup()`, the path a user's own script
 takes: every model in `--models` with every optimizer, then each variant,
 `model:optimizer:what` with what one of `acc2` (2 accumulated half batches,
-the same math as one full batch), `fp16`, `bf16` (gradient compression) or
+the same math as one full batch), `clip` (global_clipnorm `CLIP`, below the
+gradients' norm, so every step is clipped), `fp16`, `bf16` (gradient compression) or
 `upstream` (Keras's own sparse updates: the negative control). One launched
 job pays TensorFlow's start-up once for every cell.
 
@@ -45,10 +46,12 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax"
               "ftrl", "lamb", "lion", "adafactor")
 MODELS = ("dense", "attention", "chain")
 # Adadelta starts with steps of about sqrt(epsilon) x lr, hence its large rate.
+# The `clip` variant's global_clipnorm: below these models' gradient norms in every step.
+CLIP = 0.5
 LEARNING_RATES = {"sgd": 0.3, "adadelta": 20.0, "adagrad": 0.3, "ftrl": 0.3, "adafactor": 0.5}
 
 
-def make_optimizer(name, accumulate=1):
+def make_optimizer(name, accumulate=1, global_clipnorm=None):
     """The optimizer of a cell (learning rates that move the weights in a few steps)."""
     from tfdist import optim
 
@@ -59,6 +62,8 @@ def make_optimizer(name, accumulate=1):
         kwargs["momentum"] = 0.9
     if accumulate > 1:
         kwargs["gradient_accumulation_steps"] = accumulate
+    if global_clipnorm:
+        kwargs["global_clipnorm"] = global_clipnorm
     return optim.optimizer_classes()[name](**kwargs)
 
 
@@ -185,11 +190,12 @@ def main(argv=None):
     for row, name, what in cells:
         stem = os.path.join(out, "-".join(p for p in ("{kind}", name, what) if p) + ".npz")
         with variant(dist, what):
-            train_cell(dist, row, name, args.steps, 2 if what == "acc2" else 1, stem)
+            train_cell(dist, row, name, args.steps, 2 if what == "acc2" else 1, stem,
+                       CLIP if what == "clip" else None)
     print(f"MATRIX DONE {dist.name} rank {dist.rank} cells {len(cells)}", flush=True)
 
 
-def train_cell(dist, kinds, name, steps, accumulate, stem):
+def train_cell(dist, kinds, name, steps, accumulate, stem, global_clipnorm=None):
     """Trains one row of cells (every model in `kinds`, one optimizer) and saves each tower."""
     import keras
 
@@ -199,7 +205,8 @@ def train_cell(dist, kinds, name, steps, accumulate, stem):
         try:
             model = dist.model(build_model(kinds))
             loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            model.compile(optimizer=dist.optimizer(make_optimizer(name, accumulate)),
+            optimizer = make_optimizer(name, accumulate, global_clipnorm)
+            model.compile(optimizer=dist.optimizer(optimizer),
                           loss=[loss] * len(kinds), **dist.compile_kwargs())
         except ConfigError as e:  # the strategy refuses the row: its text, for the test
             for kind in kinds:
@@ -229,7 +236,9 @@ def save_state_bytes(model, path):
     with open(path, "w") as f:
         json.dump({"slot_bytes": sum(variable_bytes(v) for v in optimizer.variables
                                      if is_shard_slot(v)),
-                   "weight_bytes": sum(sizes), "largest": max(sizes)}, f)
+                   "weight_bytes": sum(sizes), "largest": max(sizes),
+                   # whether the gradients were summed onto their owners (tfdist.zero.scatter)
+                   "scattered": bool(getattr(optimizer, "_tfdist_partial", False))}, f)
 
 
 @contextlib.contextmanager

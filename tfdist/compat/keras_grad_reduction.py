@@ -54,13 +54,24 @@ def set_compression(name: str) -> None:
     _state["compression"] = compression.check(name)
 
 
-def _reduce_first(grads):
-    """Sums gradients over replicas when called in a replica context with several."""
+def _reduce_first(grads, optimizer=None, variables=None):
+    """Sums gradients over replicas when called in a replica context with several.
+
+    An optimizer that shards its state across workers may sum them onto their
+    owners instead (`_tfdist_reduce_grads`, `tfdist.zero.optimizer`); with
+    gradient compression on, everything is all-reduced as before.
+    """
     import tensorflow as tf
 
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return grads
+    reduce = getattr(optimizer, "_tfdist_reduce_grads", None)
+    if reduce is not None and _state["compression"] == "none":
+        scattered = reduce(list(grads), list(variables if variables is not None
+                                             else optimizer._trainable_variables))
+        if scattered is not None:
+            return scattered
     grads = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     from tfdist import compression
@@ -87,7 +98,8 @@ def _wrap_apply(original):
             inner = getattr(self, "inner_optimizer", None)
             if inner is not None:  # a LossScaleOptimizer reduces for its inner one
                 inner._tfdist_gets_reduced_grads = True
-            grads = _reduce_first(grads)
+            grads = _reduce_first(grads, inner if inner is not None else self,
+                                  trainable_variables)
         if _needs_cross_replica_apply(self):
             # Keras wraps the accumulate-or-update choice in a cond whose
             # branches merge_call, which MirroredStrategy refuses in replica

@@ -61,6 +61,12 @@ def deduplicate(grad):
     return tf.IndexedSlices(values, unique, dense_shape=grad.dense_shape)
 
 
+def is_applied() -> bool:
+    """Whether the patch is on (an optimizer that overrides `_clip_gradients` then
+    deduplicates itself: `tfdist.zero.optimizer`)."""
+    return _state["applied"]
+
+
 def _wrap(original):
     def _clip_gradients(self, grads):
         return original(self, [deduplicate(g) for g in grads])

@@ -183,7 +183,10 @@ def build(cluster, options):
 
 class MultiWorkerHooks(Hooks):
     """The trainer's hooks under MultiWorkerMirroredStrategy: with `shard_optimizer_state`,
-    the optimizer keeps the state of this worker's variables only (`tfdist.zero.mwms`)."""
+    the optimizer keeps the state of this worker's variables only (`tfdist.zero.mwms`),
+    each worker receives the summed gradients of those (`tfdist.zero.scatter`), and a
+    mixed-precision skip is agreed by every worker (their finite checks see different
+    parts)."""
 
     def __init__(self, cluster, shard_optimizer_state: bool = False):
         self.cluster = cluster
@@ -194,8 +197,10 @@ class MultiWorkerHooks(Hooks):
             return optimizer
         import tensorflow as tf
 
+        from tfdist import allreduce_optimizer
         from tfdist.zero.mwms import ReplicaGather
         from tfdist.zero.optimizer import shard
+        from tfdist.zero.scatter import ReplicaScatter
 
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         if replicas != self.cluster.num_workers:
@@ -203,8 +208,19 @@ class MultiWorkerHooks(Hooks):
                 f"--shard-optimizer-state under multi_worker splits the state by worker and "
                 f"needs one replica per worker. Received: {replicas} replicas on "
                 f"{self.cluster.num_workers} workers. Run one device per worker.")
-        return shard(optimizer, ReplicaGather(), self.cluster.worker_index,
-                     self.cluster.num_workers)
+        sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
+                        self.cluster.num_workers, ReplicaScatter())
+        return allreduce_optimizer.loss_scale_if_float16(sharded, _all_true)
+
+
+def _all_true(flag):
+    """True on every worker when the scalar boolean `flag` is True on all."""
+    import tensorflow as tf
+
+    from tfdist.compat import tf_all_to_all
+
+    false = tf.cast(tf.logical_not(tf.cast(flag, tf.bool)), tf.float32)
+    return tf.equal(tf_all_to_all.all_reduce_sum(false), 0.0)
 
 
 @register

@@ -8,6 +8,12 @@ this worker's local gradient). `_backend_update_step` (reached once per
 update, after the all-reduce, clipping and weight decay) updates the owned
 variables only, then the engine's `gather` sets every variable to its owner's
 value. Slots keep Keras's indexing, so `_get_variable_index` still works.
+
+With an engine's `scatter` (multi_worker: `tfdist.zero.scatter`), the
+gradients are not all-reduced: `_tfdist_reduce_grads` (which
+`tfdist.compat.keras_grad_reduction` calls in place of the all-reduce) sums
+each dense one onto its owner only, and `_clip_gradients` takes the global
+norm over every worker's part (a scalar all-reduce of the owners' squares).
 """
 
 from __future__ import annotations
@@ -31,8 +37,44 @@ def variable_bytes(variable) -> int:
 
 
 @functools.cache
-def _sharded_class(base: type, gather, rank: int, size: int) -> type:
+def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> type:
     """A subclass of `base` (a distributed optimizer class) that updates owned variables only."""
+
+    def owners_of(self, variables):
+        if getattr(self, "_tfdist_owner", None) is None:  # apply() has not built it yet
+            return partition.owners([variable_bytes(v) for v in variables], size)
+        return [self._tfdist_owner[self._var_key(v)] for v in variables]
+
+    def _tfdist_reduce_grads(self, grads, variables):
+        # Called in replica context in place of the all-reduce; None: all-reduce as before.
+        if scatter is None:
+            return None
+        self._tfdist_partial = True
+        return scatter(list(grads), owners_of(self, variables), rank)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        self._tfdist_applying = owners_of(self, trainable_variables)  # for _clip_gradients
+        return base._backend_apply_gradients(self, grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        if not (getattr(self, "_tfdist_partial", False) and not (self.clipnorm or 0) > 0
+                and (self.global_clipnorm or 0) > 0):
+            return base._clip_gradients(self, grads)
+        # Keras's clip_by_global_norm, its norm summed over the owners' parts (an unowned
+        # dense gradient here is local, and is not used: it is left as it is), after
+        # what the patched base does first (repeated sparse rows summed).
+        from keras import ops
+
+        from tfdist.compat import keras_sparse_duplicates, tf_all_to_all
+        from tfdist.zero.scatter import partial_norm
+
+        if keras_sparse_duplicates.is_applied():
+            grads = [keras_sparse_duplicates.deduplicate(g) for g in grads]
+        owner_of = self._tfdist_applying
+        use_norm = ops.sqrt(tf_all_to_all.all_reduce_sum(partial_norm(grads, owner_of, rank)))
+        clip_norm = self.global_clipnorm
+        scale = clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm) + (use_norm - use_norm)
+        return [g * scale if g is not None and o == rank else g for g, o in zip(grads, owner_of)]
 
     def build(self, variables):
         owner_of = partition.owners([variable_bytes(v) for v in variables], size)
@@ -77,7 +119,13 @@ def _sharded_class(base: type, gather, rank: int, size: int) -> type:
         for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
             store[str(i)] = variable.numpy()
 
+    extra = {} if scatter is None else {
+        "_tfdist_reduce_grads": _tfdist_reduce_grads,
+        "_backend_apply_gradients": _backend_apply_gradients,
+        "_clip_gradients": _clip_gradients,
+    }
     return type(base.__name__, (base,), {
+        **extra,
         "build": build,
         "save_own_variables": save_own_variables,
         "add_variable_from_reference": add_variable_from_reference,
@@ -110,7 +158,7 @@ def _outside_strategy():
     return tf.variable_creator_scope(creator)
 
 
-def shard(distributed, gather, rank: int, size: int):
+def shard(distributed, gather, rank: int, size: int, scatter=None):
     """A copy of `distributed` that keeps the optimizer state of its worker's variables only.
 
     Args:
@@ -121,6 +169,9 @@ def shard(distributed, gather, rank: int, size: int):
             to the value its owner holds (inside the update step's graph).
         rank: This worker's rank.
         size: Data-parallel workers.
+        scatter: Hashable or None; `scatter(grads, owners, rank)` returns the
+            gradients with each owned dense one summed over workers, in place
+            of the all-reduce (`tfdist.zero.scatter`); None: all-reduced.
 
     Returns:
         A new optimizer of a subclass of `type(distributed)`, built from its
@@ -135,7 +186,7 @@ def shard(distributed, gather, rank: int, size: int):
         raise ValueError(f"{type(distributed).__name__} already shards its state.")
     if getattr(distributed, "built", False):
         raise ValueError("shard() needs an optimizer that has not been built.")
-    sharded = _sharded_class(type(distributed), gather, rank, size).from_config(
+    sharded = _sharded_class(type(distributed), gather, rank, size, scatter).from_config(
         distributed.get_config())
     if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
         sharded._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
