@@ -20,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from tfdist.zero import partition
+from tfdist.zero import pieces as pieces_lib
 
 # Elements each rank puts in one allgather (16 MB of float32), as tfdist.zero.mwms.
 CHUNK_ELEMENTS = 4 << 20
@@ -88,31 +89,13 @@ def _gather_piece(hvd, pieces, rank: int, name: str, after=None):
     returns what it gathered."""
     import tensorflow as tf
 
-    def shape(piece):
-        v, rows = piece
-        return list(v.shape) if rows is None else [rows[1] - rows[0], *v.shape[1:]]
-
-    sizes = [0 if p is None else int(np.prod(shape(p), dtype=np.int64)) for p in pieces]
-    width = max(sizes)
-    dtype = next(p for p in pieces if p is not None)[0].dtype
-    mine = pieces[rank]
-    if mine is None:
-        flat = tf.zeros([width], dtype)
-    else:
-        v, rows = mine
-        flat = tf.reshape(v.value if rows is None else v.value[rows[0]:rows[1]], [-1])
-        if sizes[rank] < width:
-            flat = tf.concat([flat, tf.zeros([width - sizes[rank]], dtype)], 0)
+    flat, sizes, width = pieces_lib.padded(pieces, rank)
     if after is not None:  # a data edge: a control edge into the padding constant was not kept
-        flat = tf.numpy_function(lambda x, _: x, [flat, after], dtype, stateful=True,
+        flat = tf.numpy_function(lambda x, _: x, [flat, after], flat.dtype, stateful=True,
                                  name="tfdist_after")
         flat.set_shape([width])
     gathered = hvd.allgather(flat, name=name, ignore_name_scope=True)
-    for q, p in enumerate(pieces):
-        if p is None or q == rank:
-            continue
-        v, rows = p
-        value = tf.reshape(gathered[q * width:q * width + sizes[q]], shape(p))
+    for (v, rows), value in pieces_lib.received(gathered, pieces, sizes, width, rank):
         if rows is None:
             v.assign(value)
         else:

@@ -28,6 +28,7 @@ import dataclasses
 import numpy as np
 
 from tfdist.zero import partition
+from tfdist.zero import pieces as pieces_lib
 
 # Elements each rank puts in one all_gather (16 MB of float32): a round's big variables go
 # in row ranges of this size, so one such piece per rank is alive at a time, not N variables.
@@ -70,31 +71,15 @@ def _gather_piece(strategy, ctx, pieces, rank: int) -> None:
     """One all_gather of each rank's piece (variable, rows or None), padded to the largest."""
     import tensorflow as tf
 
-    def read(piece):
-        v, rows = piece
-        return v.value if rows is None else v.value[rows[0]:rows[1]]
-
-    def shape(piece):
-        v, rows = piece
-        return list(v.shape) if rows is None else [rows[1] - rows[0], *v.shape[1:]]
-
-    sizes = [0 if p is None else int(np.prod(shape(p), dtype=np.int64)) for p in pieces]
-    width = max(sizes)
-    dtype = next(p for p in pieces if p is not None)[0].dtype
-    mine = pieces[rank]
-    flat = tf.zeros([0], dtype) if mine is None else tf.reshape(read(mine), [-1])
-    if sizes[rank] < width:
-        flat = tf.concat([flat, tf.zeros([width - sizes[rank]], dtype)], 0)
+    flat, sizes, width = pieces_lib.padded(pieces, rank)
     if ctx is not None:
         gathered = ctx.all_gather(flat, axis=0)
     else:  # with accumulation, MirroredStrategy-like engines apply in cross-replica context
         gathered = strategy.gather(
             strategy.experimental_distribute_values_from_function(lambda _: flat), axis=0)
-    targets, values = [], []
-    for q, p in enumerate(pieces):
-        if p is not None and q != rank:
-            targets.append((p[0].value, p[1]))
-            values.append(tf.reshape(gathered[q * width:q * width + sizes[q]], shape(p)))
+    arrived = pieces_lib.received(gathered, pieces, sizes, width, rank)
+    targets = [(p[0].value, p[1]) for p, _ in arrived]
+    values = [value for _, value in arrived]
     if targets and ctx is None:
         _assign(strategy, targets, values)
     elif targets:
