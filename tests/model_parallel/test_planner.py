@@ -93,3 +93,18 @@ def test_the_table_and_the_reason_name_the_pick_and_what_did_not_fit():
     assert "(faster: interleaved, too large)" in line and "\n" not in line
     free = planner.reason(got, planner.choose(got), None)
     assert "picked zb: the fastest predicted:" in free
+
+
+def test_each_device_updates_its_weights_after_its_last_action():
+    # GPipe, 2 stages of 2 layers, M = 1, each layer's F, I and W 1 unit: device 0's forward
+    # 0-2, device 1's 2-4 and its backward 4-8, device 0's backward 8-12.
+    plain = planner.predict("gpipe", LAYERS, CUTS["gpipe"], 2, 1)
+    assert plain["step_s"] == pytest.approx(12.0)
+    on_first = [planner.LayerCost(1.0, 1.0, 1.0, 100, 1000, update_s=3.0)] + LAYERS[1:]
+    assert planner.predict("gpipe", on_first, CUTS["gpipe"], 2, 1)["step_s"] == \
+        pytest.approx(15.0)  # after the last backward, on device 0
+    on_last = LAYERS[:3] + [planner.LayerCost(1.0, 1.0, 1.0, 100, 1000, update_s=3.0)]
+    # Device 1 is done at 8, so its update ends at 11, before device 0's backward.
+    assert planner.predict("gpipe", on_last, CUTS["gpipe"], 2, 1)["step_s"] == \
+        pytest.approx(12.0)
+    assert plain["bubble"] == planner.predict("gpipe", on_first, CUTS["gpipe"], 2, 1)["bubble"]

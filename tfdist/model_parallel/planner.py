@@ -1,8 +1,9 @@
 """The planner: each schedule's step time, bubble and per-device peak memory, predicted.
 
 Pure Python. From a short measured pass (`profile.layer_costs`: each layer
-call's forward, input-gradient and weight-gradient time on a micro-batch, the
-bytes of activations it keeps, its weights' bytes), the cuts each schedule
+call's forward, input-gradient and weight-gradient time on a micro-batch, its
+weights' optimizer update, the bytes of activations it keeps, its weights'
+bytes), the cuts each schedule
 makes (P chunks, or P·V interleaved), and the time one hand-off between
 devices costs, `predict` runs each schedule on paper (`simulate.run`) and
 counts what each device holds at its peak: its weights with their
@@ -32,6 +33,8 @@ class LayerCost:
         weight_s: Its weights' gradient (W).
         activation_bytes: What its forward keeps for the backward (its outputs).
         weight_bytes: Its weights' bytes (0 for a call of a layer already counted).
+        update_s: The optimizer's update of its weights, once a step (0 for a call
+            of a layer already counted).
     """
 
     forward_s: float
@@ -39,6 +42,7 @@ class LayerCost:
     weight_s: float
     activation_bytes: int
     weight_bytes: int
+    update_s: float = 0.0
 
 
 def chunk_costs(layers: list[LayerCost], bounds: list[int]) -> list[dict]:
@@ -49,6 +53,7 @@ def chunk_costs(layers: list[LayerCost], bounds: list[int]) -> list[dict]:
         out.append({"F": sum(x.forward_s for x in part), "I": sum(x.input_s for x in part),
                     "W": sum(x.weight_s for x in part),
                     "activation_bytes": sum(x.activation_bytes for x in part),
+                    "U": sum(x.update_s for x in part),
                     "weight_bytes": sum(x.weight_bytes for x in part)})
     return out
 
@@ -97,10 +102,14 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
         return c["I"] + c["W"] if kind == "B" else c[kind]
 
     run = simulate.run(schedule, cost, hop=hop_s)
+    # Each device updates its own weights once its last action is done, all at once.
+    updates = [sum(c["U"] for k, c in enumerate(chunks) if k % stages == d)
+               for d in range(stages)]
+    step = max(last + u for last, u in zip(run["last"], updates))
     held = [sum(c["weight_bytes"] for k, c in enumerate(chunks) if k % stages == d)
             for d in range(stages)]
     activations = [peak_bytes(actions, d, chunks) for d, actions in enumerate(schedule)]
-    return {"step_s": run["step"], "bubble": run["bubble"], "busy_s": run["busy"],
+    return {"step_s": step, "bubble": run["bubble"], "busy_s": run["busy"],
             "activation_bytes": activations,
             "weight_bytes": held,
             "peak_bytes": [baseline_bytes + int(state_factor * w) + a

@@ -127,11 +127,27 @@ def _node_cost(node, known, copies, counted, repeats) -> LayerCost:
         timed[key] = _timed(fn, repeats)[0]
     forward_s = timed["F"]
     input_s, weight_s = (max(timed[k] - forward_s, 0.0) for k in ("I", "W"))
-    weight_bytes = 0 if id(original) in counted else sum(
-        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in layer.weights)
+    first = id(original) not in counted
+    weight_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                       for v in layer.weights) if first else 0
+    update_s = _update_s(variables, repeats) if first and variables else 0.0
     counted.add(id(original))
     for ref, value in zip(node.outputs, made):
         known[id(ref)] = value
     return LayerCost(forward_s, input_s, weight_s,
                      sum(int(np.prod(t.shape)) * t.dtype.size for t in made),
-                     weight_bytes)
+                     weight_bytes, update_s)
+
+
+def _update_s(variables, repeats) -> float:
+    """One Adam update of `variables` (the planner's optimizer; they are the layer's fresh
+    copy's, dropped after)."""
+    import keras
+    import tensorflow as tf
+
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(variables)
+    grads = [tf.zeros(v.shape, v.dtype) for v in variables]
+    fn = tf.function(lambda: optimizer.apply(grads, variables))
+    fn()  # traced, not timed
+    return _timed(fn, repeats)[0]

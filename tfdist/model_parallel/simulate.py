@@ -30,7 +30,8 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0) -> dict:
 
     Returns:
         {"step": the last end, "busy": [per device, the sum of its actions],
-        "bubble": 1 - mean(busy) / step, "ends": {(kind, i, chunk): end}}.
+        "bubble": 1 - mean(busy) / step, "ends": {(kind, i, chunk): end},
+        "last": [per device, its last action's end]}.
     """
     p = len(schedule)
     free = [0.0] * p
@@ -60,7 +61,7 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0) -> dict:
         if kind != "F":  # the weights' gradient is made (B, W) or on its way (I)
             end[("W", i, k)] = free[d]
     step = max(free) if free else 0.0
-    return {"step": step, "busy": busy, "ends": end,
+    return {"step": step, "busy": busy, "ends": end, "last": list(free),
             "bubble": 1.0 - (sum(busy) / p) / step if step else 0.0}
 
 
