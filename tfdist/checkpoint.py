@@ -444,10 +444,19 @@ class BackupStore:
         for what, prefix, variables in (("model", "model", model_vars),
                                         ("optimizer", "opt", optimizer_vars)):
             for step, v in zip(order.get(what, range(len(variables))), variables):
-                if isinstance(step, reshard.Assemble):  # from another tensor-parallel layout
-                    v.assign(reshard.assemble(step, lambda i, p=prefix: arrays[f"{p}_{i}"]))
-                else:
-                    v.assign(arrays[f"{prefix}_{step}"])
+                v.assign(value_of(step, arrays, prefix))
+
+
+def value_of(step, arrays, prefix: str):
+    """A variable's value from a backup's `arrays`: the entry `step` (`check_compatible`'s
+    order) or, from another tensor-parallel layout, the entries a `reshard.Assemble` joins.
+
+    Args:
+        prefix: "model" or "opt" (the entries' key prefix).
+    """
+    if isinstance(step, reshard.Assemble):
+        return reshard.assemble(step, lambda i: arrays[f"{prefix}_{i}"])
+    return arrays[f"{prefix}_{step}"]
 
 
 def backup_paths(directory: str) -> list[str]:

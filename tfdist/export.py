@@ -99,7 +99,7 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
         CheckpointError: when no candidate reads, or the backup does not fit
             the recipe's model (naming the first difference).
     """
-    from tfdist import backup_parts, checkpoint, final_weights, reshard
+    from tfdist import backup_parts, checkpoint, final_weights
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
     import_tensorflow()
@@ -121,12 +121,8 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
     order = checkpoint.BackupStore.check_compatible(
         path, meta, {"model_signature": checkpoint.signature(plain.weights)})["model"]
 
-    def reader(step):
-        if isinstance(step, reshard.Assemble):
-            return lambda: reshard.assemble(step, lambda i: arrays[f"model_{i}"])
-        return lambda: arrays[f"model_{step}"]
-
-    read = {v.path: reader(step) for v, step in zip(plain.weights, order)}
+    read = {v.path: (lambda step=step: checkpoint.value_of(step, arrays, "model"))
+            for v, step in zip(plain.weights, order)}
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=out)
     try:

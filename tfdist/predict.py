@@ -24,7 +24,7 @@ import os
 import sys
 
 from tfdist import exit_codes, recipe as recipe_lib
-from tfdist.errors import ConfigError
+from tfdist.errors import CheckpointError, ConfigError
 from tfdist.model_dir import BACKUP_DIR
 
 MODEL = "model.keras"
@@ -60,17 +60,12 @@ def run_record(run_dir: str) -> dict:
 
 def _newest_backup_record(run_dir: str) -> dict:
     """The newest backup's record (its `meta` entry only, not its arrays); {} if none reads."""
-    import numpy as np
+    from tfdist.checkpoint import BackupStore, backup_paths
 
-    directory = os.path.join(run_dir, BACKUP_DIR)
-    names = sorted(f for f in os.listdir(directory)
-                   if f.startswith("ckpt-") and f.endswith(".npz")) if os.path.isdir(
-        directory) else []
-    for name in reversed(names):
+    for path in reversed(backup_paths(os.path.join(run_dir, BACKUP_DIR))):
         try:
-            with np.load(os.path.join(directory, name), allow_pickle=False) as npz:
-                return json.loads(npz["meta"].tobytes().decode())
-        except Exception:  # a truncated or foreign file: try the one before
+            return BackupStore.read_record(path)
+        except CheckpointError:  # a truncated or foreign file: try the one before
             continue
     return {}
 
