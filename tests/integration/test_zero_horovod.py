@@ -17,29 +17,23 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, clean_env, tail
-from tests.integration.test_equality_matrix import HOROVOD_VENV, _assert_equal_weights, _load
+from tests.integration.test_equality_matrix import _assert_equal_weights, _load
+from tests.integration.test_horovod import horovodrun, venv  # noqa: F401 (venv: a fixture)
 from tests.integration.test_zero import MODELS, OPTIMIZERS, SLOTS_PER_WEIGHT, VARIANTS, WORKER
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def horovod(tmp_path_factory):
+def horovod(tmp_path_factory, venv):
     """(reference cells, {worker: cells}) of one replica and 2 sharded Gloo ranks."""
-    from tests.integration.test_horovod import horovodrun
-
-    python = os.path.join(HOROVOD_VENV, "bin", "python")
-    if not os.access(python, os.X_OK):
-        reason = f"no Horovod venv at {HOROVOD_VENV}: run scripts/install_horovod.sh"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the sharded Horovod cells, but {reason}")
-        pytest.skip(reason)
+    python = os.path.join(venv, "bin", "python")
     tmp = tmp_path_factory.mktemp("zero_hvd")
     common = ["--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
     single = subprocess.Popen([python, WORKER, "single", str(tmp / "single"), *common],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=REPO, env=clean_env(PYTHONPATH=REPO))
-    ranks = horovodrun(HOROVOD_VENV, 2, "gloo", [WORKER, "horovod", str(tmp / "ranks"), *common,
+    ranks = horovodrun(venv, 2, "gloo", [WORKER, "horovod", str(tmp / "ranks"), *common,
                                                  "--variants", VARIANTS,
                                                  "--shard-optimizer-state"], timeout=450)
     out, err = single.communicate(timeout=450)
