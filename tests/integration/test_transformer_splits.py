@@ -49,7 +49,8 @@ Each saved model.keras loads with Keras alone and translates held-out
 numbers exactly as the unsplit model does (a tensor-parallel run saves its
 shards gathered into the plain MultiHeadAttention and Dense layers). The 2
 stage processes' backup resumes in one process and ends a second epoch with
-an uninterrupted run's weights (#40).
+an uninterrupted run's weights, and a one-process backup resumes in 2 stage
+processes with tensor parallel inside each (#40).
 """
 
 from __future__ import annotations
@@ -180,27 +181,64 @@ def test_saved_split_models_load_with_keras_alone_and_translate_alike(runs):
     assert len(result[dirs[0]]) == 64 and all(isinstance(t, str) for t in result[dirs[0]])
 
 
-def test_a_backup_of_stage_processes_resumes_in_one_process(runs, tmp_path):
-    """#40: the 2 stage processes' backup (each task's own part) resumed in one process
-    for a second epoch ends with an uninterrupted one-process run's 2 epochs (variables
-    are matched by path: the split orders them otherwise). Measured: 0.03 allowances.
-    (The other way, the one-process backup resumed as 2 stage processes, ends 5e-3
-    away in relative norm on the feed-forward biases, with every restored value
-    checked equal to the backup's: not explained, not asserted here.)"""
+def test_a_backup_resumes_between_stage_processes_and_one_process(runs, tmp_path):
+    """#40, both ways, on the path each layout reads backups by (variables matched by path:
+    the split orders them otherwise).
+
+    - The 2 stage processes' backup (each task's own part) resumed in one process for a
+      second epoch ends with an uninterrupted one-process run's 2 epochs. Measured: 0.03
+      allowances.
+    - That one-process run's backup (one file) resumed for a third epoch by 2 stage
+      processes, each holding its stage split 2-way by heads and by feed-forward columns
+      (tensor parallel inside stage processes), ends with the one-process run resumed for
+      the same epoch (itself bit for bit an uninterrupted run's). Measured: 0.007
+      allowances (1.6e-7 relative norm).
+
+    Why a third epoch and not the second: resumed after the first epoch, a pipeline lands
+    5.0e-3 (relative norm, a feed-forward bias) from every reference, and so does the
+    pipeline resumed from its *own* epoch-1 backup with a 1e-7 relative perturbation of
+    every value (one noise draw of three; the others 4e-7): at step 42 a ReLU
+    pre-activation sits within rounding of zero, and which side it takes moves Adam's
+    later steps. The one-process state (1e-6 from the pipeline's, by summation order)
+    takes the other side. At the start of the third epoch the same perturbations move
+    the run 3e-7 and 1.7e-4: the floor there is below what a lost optimizer state or a
+    wrong step costs (1e-3 and more). The runs are deterministic, so the tolerance of
+    the other splits (RTOL) is kept; a tie met at any step of any test here would break
+    it the same way (README, "What is equal").
+    """
     import shutil
 
     resumed = str(tmp_path / "resumed")
     shutil.copytree(runs["stages2"], resumed)
     assert any(".parts-" in n for n in os.listdir(os.path.join(resumed, "backup")))
     second = override(TINY, "--epochs", "2")
+    whole = str(tmp_path / "whole")
     commands = [["-m", "tfdist.train", *second, "--strategy", "single", "--model-dir", resumed],
-                ["-m", "tfdist.train", *second, "--strategy", "single",
-                 "--model-dir", str(tmp_path / "whole")]]
+                ["-m", "tfdist.train", *second, "--strategy", "single", "--model-dir", whole]]
     procs = run_py_many(commands)
     for proc in procs:
         assert proc.returncode == 0, tail(proc)
     assert "resumed from" in procs[0].stdout, tail(procs[0])
-    got, want = _weights(resumed), _weights(str(tmp_path / "whole"))
+    got, want = _weights(resumed), _weights(whole)
     assert sorted(got) == sorted(want)
     assert _worst(got, want) <= 1.0, _worst(got, want)
     assert _worst(got, _weights(runs["single"])) > 100  # the second epoch trained
+
+    # The other way round: one file to 2 stage processes x tensor parallel 2.
+    staged = str(tmp_path / "staged")
+    shutil.copytree(whole, staged)
+    third = override(TINY, "--epochs", "3")
+    commands = [["-m", "tfdist.launch", "-n", "2", "--timeout", "280", "--", sys.executable,
+                 "-m", "tfdist.train", *third, "--strategy", "pipeline", "--microbatches", "2",
+                 "--tensor-parallel", "2", "--model-dir", staged],
+                ["-m", "tfdist.train", *third, "--strategy", "single", "--model-dir", whole]]
+    procs = run_py_many(commands)
+    for proc in procs:
+        assert proc.returncode == 0, tail(proc)
+    out = procs[0].stdout
+    assert "resumed from a 1-replica single backup" in out, tail(procs[0])
+    assert "2-way tensor parallel in each" in out, tail(procs[0])
+    got, want = _weights(staged), _weights(whole)
+    assert sorted(got) == sorted(want)
+    assert _worst(got, want) <= 1.0, _worst(got, want)
+    assert _worst(got, _weights(resumed)) > 100  # the third epoch trained
