@@ -4,13 +4,16 @@ optimizer state, end with one replica's weights.
 The same cells as tests/integration/test_zero.py (dense and Embedding +
 attention models, SGD + momentum, Adam, AdamW and RMSprop, and Adam with 2
 accumulated half batches), trained by `horovodrun --gloo` in the Horovod venv
-(TensorFlow 2.18), against one replica in the same venv.
+(TensorFlow 2.18), against one replica in the same venv; and the sharded ranks'
+backup (each rank's slots in a part of its own) resumed on one replica without
+sharding.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -18,8 +21,9 @@ import pytest
 
 from tests.conftest import REPO, clean_env, tail
 from tests.integration.test_equality_matrix import _assert_equal_weights, _load
-from tests.integration.test_horovod import horovodrun, venv  # noqa: F401 (venv: a fixture)
+from tests.integration.test_horovod import _train, horovodrun, venv  # noqa: F401 (a fixture)
 from tests.integration.test_zero import MODELS, OPTIMIZERS, SLOTS_PER_WEIGHT, VARIANTS, WORKER
+from tests.weights import dump_weights
 
 pytestmark = pytest.mark.integration
 
@@ -60,3 +64,26 @@ def test_sharded_horovod_ranks_equal_one_replica_and_hold_half_the_state(horovod
         total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
         assert sum(slots) == total and min(slots) > 0, (optimizer, slots, total)
         assert max(slots) <= total / 2 + SLOTS_PER_WEIGHT[optimizer] * states[0]["largest"]
+
+
+def test_a_sharded_horovod_backup_resumes_on_one_replica_unsharded(venv, tmp_path):
+    """2 sharded Gloo ranks train an epoch of Adam; each writes its half of the slots
+    beside rank 0's backup, and one replica without sharding resumes it for a second
+    epoch to the weights of one replica's uninterrupted 2 epochs (rtol 1e-5)."""
+    adam = ["--optimizer", "adam", "--learning-rate", "0.01"]
+    tmp = str(tmp_path)
+    _, sharded, _ = _train(venv, tmp, "sharded", 2, "gloo",
+                           [*adam, "--epochs", "1", "--shard-optimizer-state"])
+    backups = sorted(os.listdir(os.path.join(sharded, "backup")))
+    assert [n for n in backups if ".slots-" in n] == [
+        "ckpt-0000000022.npz.slots-0-of-2", "ckpt-0000000022.npz.slots-1-of-2"], backups
+    os.makedirs(os.path.join(tmp, "resumed"))
+    shutil.copytree(sharded, os.path.join(tmp, "resumed", "model"))
+    (resumed,), _, proc = _train(venv, tmp, "resumed", extra=adam)
+    assert "resumed from a 2-replica horovod backup on 1 replica" in proc.stdout, tail(proc)
+    (whole,), _, _ = _train(venv, tmp, "whole", extra=adam)
+    got, want = dump_weights(resumed), dump_weights(whole)
+    assert len(got) == len(want) == 4
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not all(np.allclose(a, b) for a, b in zip(want, dump_weights(whole, "init")))
