@@ -379,7 +379,8 @@ def test_a_killed_or_stopped_stage_ends_the_job_naming_it_and_reruns_resume_to_t
 def test_a_backup_resumes_split_another_way_or_unsplit_with_the_same_math(runs, tmp_path):
     """One more epoch: the 2-stage run's backup resumed in one process, the
     one-process run's backup resumed as 4 stage processes, and the 4 stage
-    processes' backup resumed on 2, end alike."""
+    processes' backup resumed on 2, on 2 copies x 2 stages and in one process,
+    end alike."""
     extended = override(ARGS, "--epochs", "3")
     ends = {}
     for name, n, extra in (("two", 1, ["--strategy", "single"]),
@@ -399,17 +400,27 @@ def test_a_backup_resumes_split_another_way_or_unsplit_with_the_same_math(runs, 
     moved = max(float(np.abs(a - b).max()) for a, b in zip(ends["two"], runs["two"][0]))
     assert moved > 1e-3  # the third epoch trained
 
-    # #40: the 4 stage processes' backup (a part per task) resumed on 2 stage processes.
-    four = str(tmp_path / "four_model")
-    shutil.copytree(runs["zb_four"][1], four)
-    dump = str(tmp_path / "four")
-    proc = run_py(["-m", "tfdist.launch", "-n", "2", "--timeout", "240", "--", sys.executable,
-                   DUMP, dump, *extended, *PIPELINE, "--microbatches", "2",
-                   "--model-dir", four], timeout=300)
-    assert proc.returncode == 0, tail(proc)
-    assert "resumed from" in proc.stdout and "num_replicas=1 stages=2" in proc.stdout, tail(proc)
-    for a, b in zip(_weights(dump), ends["single"]):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # #40: the 4 stage processes' backup (a part per task) resumed on 2 stage processes,
+    # on 2 copies x 2 stages, and in one process (each task, or the one process, reading
+    # the parts it needs).
+    legs = {"four_two": (2, [*PIPELINE, "--microbatches", "2"], "num_replicas=1 stages=2"),
+            "four_copies": (4, [*PIPELINE, "--stages", "2", "--microbatches", "2"],
+                            "stages=2 copies=2"),
+            "four_one": (1, ["--strategy", "single"], "strategy=single")}
+    commands = []
+    for name, (n, extra, _) in legs.items():
+        model_dir = str(tmp_path / f"{name}_model")
+        shutil.copytree(runs["zb_four"][1], model_dir)
+        command = [DUMP, str(tmp_path / name), *extended, *extra, "--model-dir", model_dir]
+        if n > 1:
+            command = ["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--",
+                       sys.executable, *command]
+        commands.append(command)
+    for (name, (_, _, layout)), proc in zip(legs.items(), run_py_many(commands, timeout=300)):
+        assert proc.returncode == 0, (name, tail(proc))
+        assert "resumed from" in proc.stdout and layout in proc.stdout, (name, tail(proc))
+        for a, b in zip(_weights(str(tmp_path / name)), ends["single"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
     # #40: a backup written by 2 copies x 2 stages x tensor parallel 2 (each stage task's
     # own part) resumed as 4 stage processes without tensor parallelism: each variable
