@@ -19,11 +19,13 @@ def _model(keras):
     return keras.Model(inputs, keras.layers.Dense(8, name="ffn_out")(h))
 
 
-@pytest.mark.parametrize("tensor_parallel,piece_bytes", [(1, None), (2, None), (2, 24)])
-def test_a_split_model_saves_sharded_weights_keras_alone_loads(tmp_path, monkeypatch,
-                                                               tensor_parallel, piece_bytes):
+@pytest.mark.parametrize("tensor_parallel,piece_bytes,shard_bytes",
+                         [(1, None, None), (2, None, None), (2, 24, None), (1, 24, 1000)])
+def test_a_split_model_saves_sharded_weights_keras_alone_loads(
+        tmp_path, monkeypatch, tensor_parallel, piece_bytes, shard_bytes):
     """24-byte pieces: every weight written into its dataset a few rows at a time (each
-    shard's rows into their columns), Keras's sharded store bypassed for none."""
+    shard's rows into their columns), Keras's sharded store bypassed for none; 1000-byte
+    shards: the store's accounting moves on to new .weights.h5 files as Keras's would."""
     import keras
 
     from tfdist.model_parallel import pipeline, surgery
@@ -39,8 +41,12 @@ def test_a_split_model_saves_sharded_weights_keras_alone_loads(tmp_path, monkeyp
                         lambda *a: written.append(original(*a)) or written[-1])
     read = (export.values_of(split.unsplit()) if piece_bytes is None
             else export.values_of(split.unsplit(), piece_bytes=piece_bytes))
+    if shard_bytes:
+        monkeypatch.setattr(export, "SHARD_GB", shard_bytes / 1024 ** 3)
     names = export.save_sharded(split.plain_json, read, str(tmp_path))
     assert written and all(written)  # each weight went into its dataset in pieces
+    if shard_bytes:
+        assert sum(n.endswith(".weights.h5") for n in names) > 2
     assert names[0] == export.ARCHITECTURE and names[-1] == export.WEIGHTS
     assert any(n.endswith(".weights.h5") for n in names)
     assert sorted(export.sharded_files(str(tmp_path))) == sorted(names)
