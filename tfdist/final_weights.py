@@ -222,7 +222,9 @@ def _one_copy():
     this process's own, so a NumPy array passes through unconverted here
     (anything else still goes to Keras's function). And glibc maps every buffer
     above a piece's quarter on its own (`heap.map_above`), so the pieces of
-    the weights read from other tasks leave no pages behind.
+    the weights read from other tasks leave no pages behind (from then on: the
+    threshold stays fixed for the rest of the process; the save ends a run, and
+    an export is a process of its own).
     """
     import numpy as np
     from keras.src import backend

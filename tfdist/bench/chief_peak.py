@@ -25,7 +25,6 @@ for its own part.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
