@@ -19,8 +19,13 @@ def _model(keras):
     return keras.Model(inputs, keras.layers.Dense(8, name="ffn_out")(h))
 
 
-@pytest.mark.parametrize("tensor_parallel", [1, 2])
-def test_a_split_model_saves_sharded_weights_keras_alone_loads(tmp_path, tensor_parallel):
+@pytest.mark.parametrize("tensor_parallel,piece_bytes,shard_bytes",
+                         [(1, None, None), (2, None, None), (2, 24, None), (1, 24, 1000)])
+def test_a_split_model_saves_sharded_weights_keras_alone_loads(
+        tmp_path, monkeypatch, tensor_parallel, piece_bytes, shard_bytes):
+    """24-byte pieces: every weight written into its dataset a few rows at a time (each
+    shard's rows into their columns), Keras's sharded store bypassed for none; 1000-byte
+    shards: the store's accounting moves on to new .weights.h5 files as Keras's would."""
     import keras
 
     from tfdist.model_parallel import pipeline, surgery
@@ -30,8 +35,18 @@ def test_a_split_model_saves_sharded_weights_keras_alone_loads(tmp_path, tensor_
     rng = np.random.default_rng(1)
     for v in split.variables:
         v.assign(rng.normal(size=v.shape).astype(v.dtype))
-    names = export.save_sharded(split.plain_json, export.values_of(split.unsplit()),
-                                str(tmp_path))
+    written = []
+    original = export._write_in_pieces
+    monkeypatch.setattr(export, "_write_in_pieces",
+                        lambda *a: written.append(original(*a)) or written[-1])
+    read = (export.values_of(split.unsplit()) if piece_bytes is None
+            else export.values_of(split.unsplit(), piece_bytes=piece_bytes))
+    if shard_bytes:
+        monkeypatch.setattr(export, "SHARD_GB", shard_bytes / 1024 ** 3)
+    names = export.save_sharded(split.plain_json, read, str(tmp_path))
+    assert written and all(written)  # each weight went into its dataset in pieces
+    if shard_bytes:
+        assert sum(n.endswith(".weights.h5") for n in names) > 2
     assert names[0] == export.ARCHITECTURE and names[-1] == export.WEIGHTS
     assert any(n.endswith(".weights.h5") for n in names)
     assert sorted(export.sharded_files(str(tmp_path))) == sorted(names)
@@ -43,6 +58,15 @@ def test_a_split_model_saves_sharded_weights_keras_alone_loads(tmp_path, tensor_
     for a, b in zip(loaded.weights, want.weights):
         assert a.path == b.path
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_row_blocks_stay_under_the_piece_size():
+    assert export.row_blocks((10, 4), 4, 48) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert export.row_blocks((10, 4), 4, 8) == [(a, a + 1) for a in range(10)]  # one row
+    assert export.row_blocks((4096, 4096), 4, 4 << 20) == [(0, 256), (256, 512)] + [
+        (a, a + 256) for a in range(512, 4096, 256)]
+    assert export.row_blocks((), 4, 8) == [(0, 0)]  # a scalar: read whole
+    assert export.row_blocks((0, 3), 4, 8) == [(0, 0)]
 
 
 def test_the_form_follows_the_memory_left():

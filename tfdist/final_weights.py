@@ -6,8 +6,15 @@ writes the plain model's architecture (`model.json`, Keras's `to_json()`) and
 Keras's sharded weights (`model.weights.json` and its `.weights.h5` shards):
 Keras walks a valueless copy of the plain model (`deferred`) as it would to
 save it, and each weight it reaches is read then, from the stage that holds it
-(a tensor-parallel weight's shards joined), written, and dropped, so one weight
-at a time passes through this process. Loadable with Keras alone:
+(a tensor-parallel weight's shards joined), written, and dropped. Only a piece
+of one weight at a time passes through this process: each is written into its
+HDF5 dataset a block of rows (at most PIECE_BYTES) at a time, each block sliced
+on the task that holds the variable (`_write_in_pieces`). Where that cannot be
+done (model.keras, bfloat16, another Keras) the whole value passes, once:
+Keras's H5 stores convert each value with `np.array` (a copy) twice, which
+`_one_copy` turns off (#40: a 4096x4096 kernel had been in the chief three
+times at once, and the remote ones' receive buffers left resident). Loadable
+with Keras alone:
 
     model = keras.models.model_from_json(open("model.json").read())
     model.load_weights("model.weights.json")
@@ -18,23 +25,111 @@ process has left; smaller models keep `model.keras`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+
+from tfdist import heap
 
 ARCHITECTURE = "model.json"
 KERAS = "model.keras"
 WEIGHTS = "model.weights.json"
 SHARD_GB = 1.0  # largest .weights.h5 shard (Keras's max_shard_size, in GB)
+PIECE_BYTES = 4 << 20  # the most of one weight sent here at once from another task
 HEADROOM_FACTOR = 3  # model.save holds the gathered weights, Keras's buffer and the file's
 
 
-def values_of(model):
-    """path -> a function giving that plain weight's value, for a model's variables.
+def row_blocks(shape, itemsize: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """Pure function: [(start, stop)] along axis 0 of an array of `shape`, each block at
+    most `piece_bytes` (one row at least); [(0, 0)] for a scalar (read whole)."""
+    if not shape:
+        return [(0, 0)]
+    row = itemsize
+    for n in shape[1:]:
+        row *= int(n)
+    rows = max(1, piece_bytes // row) if row else max(1, int(shape[0]))
+    return [(a, min(a + rows, int(shape[0]))) for a in range(0, int(shape[0]), rows)] or [(0, 0)]
 
-    A tensor-parallel layer's shards (marked with the plain weight they slice,
-    `TensorParallelLayer._annotate_shards`) are joined in order on their axis.
+
+def _handle(variable):
+    """The tf.Variable under a Keras variable (it carries the device)."""
+    return getattr(variable, "value", variable) if hasattr(variable, "path") else variable
+
+
+class _Weight:
+    """One plain weight of a trained model: its variable, or a tensor-parallel layer's
+    shards of it joined on `axis`, read a block of rows at a time where each lives.
+
+    Called, it gives the whole value (one array); `write(dataset)` puts it into an
+    array-like of its shape (an HDF5 dataset) a piece at a time instead, so at
+    most `piece_bytes` of it is in this process at once.
     """
-    import numpy as np
 
+    def __init__(self, parts, axis: int | None, piece_bytes: int):
+        self.parts, self.axis, self.piece_bytes = parts, axis, piece_bytes
+        handle = _handle(parts[0])
+        self.dtype = handle.dtype.as_numpy_dtype
+        shape = [int(n) for n in parts[0].shape]
+        if axis is not None:
+            shape[axis] = sum(int(v.shape[axis]) for v in parts)
+        self.shape = tuple(shape)
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def pieces(self):
+        """Yields (index into the whole value, that piece as an array), in order."""
+        import numpy as np
+        import tensorflow as tf
+
+        offset = 0
+        for v in self.parts:
+            handle = _handle(v)
+            shape = tuple(int(n) for n in v.shape)
+            n = shape[self.axis] if self.axis is not None else 0
+            with tf.device(handle.device):
+                for a, b in row_blocks(shape, np.dtype(self.dtype).itemsize,
+                                       self.piece_bytes):
+                    if not shape:
+                        yield (), np.asarray(handle.numpy())
+                        continue
+                    rows = slice(a, b)
+                    if self.axis == 0:
+                        index = (slice(offset + a, offset + b),)
+                    elif self.axis is not None:
+                        index = ((rows,) + (slice(None),) * (self.axis - 1)
+                                 + (slice(offset, offset + n),))
+                    else:
+                        index = (rows,)
+                    piece = handle[a:b] if (a, b) != (0, shape[0]) else handle.value()
+                    yield index, np.asarray(piece.numpy())
+                    del piece
+            offset += n
+
+    def write(self, target) -> None:
+        """Writes the value into `target` (an array-like of this shape), piece by piece."""
+        for index, piece in self.pieces():
+            target[index if index else ...] = piece
+
+    def __call__(self):
+        import numpy as np
+
+        out = np.empty(self.shape, self.dtype)
+        self.write(out)
+        return out
+
+
+def values_of(model, piece_bytes: int = PIECE_BYTES):
+    """path -> that plain weight (`_Weight`: called, its value), for a model's variables.
+
+    Each is read `piece_bytes` at a time: a weight on another task reaches this
+    process in pieces, not as one message of its whole size. A tensor-parallel
+    layer's shards (marked with the plain weight they slice,
+    `TensorParallelLayer._annotate_shards`) are read into their places on their
+    axis.
+    """
     whole, shards = {}, {}
     for v in model.weights:
         plain = getattr(v, "_tfdist_plain", None)
@@ -44,12 +139,57 @@ def values_of(model):
             whole[plain[0]] = v
         else:
             shards.setdefault(plain[0], []).append((plain[2], plain[1], v))
-    out = {path: (lambda v=v: np.asarray(v.numpy())) for path, v in whole.items()}
+    out = {path: _Weight([v], None, piece_bytes) for path, v in whole.items()}
     for path, parts in shards.items():
         parts.sort(key=lambda p: p[0])
-        out[path] = lambda parts=parts: np.concatenate(
-            [np.asarray(v.numpy()) for _, _, v in parts], axis=parts[0][1])
+        out[path] = _Weight([v for _, _, v in parts], parts[0][1], piece_bytes)
     return out
+
+
+_SHARDED_STORE = ("_restore_h5_file", "max_shard_size", "current_shard_size",
+                  "total_shard_size", "_create_new_shard_file", "close", "sharding_config",
+                  "_h5_entry_group", "_h5_entry_initialized", "_create_h5_group",
+                  "_h5_entry_path", "current_shard_path")
+
+
+def _write_in_pieces(store, key: str, weight: _Weight) -> bool:
+    """Writes `weight` into Keras's sharded H5 store as its `__setitem__` would (the same
+    shard accounting, dataset and weight map), but a piece at a time into a dataset
+    made empty first. False (nothing done) where the store is not Keras's
+    `ShardedH5IOStore` as this was written against (Keras 3.15), or the dtype is
+    one HDF5 has not (bfloat16): the caller then writes the whole value.
+    """
+    import numpy as np
+
+    if (not all(hasattr(store, n) for n in _SHARDED_STORE)
+            or np.dtype(weight.dtype).kind not in "fiub"
+            or np.dtype(weight.dtype).name == "bfloat16"):
+        return False
+    size = weight.nbytes
+    if size > store.max_shard_size:
+        return False  # Keras's own error names it
+    store._restore_h5_file()
+    store.total_shard_size += size
+    store.current_shard_size += size
+    if store.current_shard_size > store.max_shard_size:
+        store.close()
+        store.h5_file = store._create_new_shard_file()
+        store.current_shard_size = size
+    if not store._h5_entry_initialized:
+        store._create_h5_group(store._h5_entry_path)
+    weight.write(store._h5_entry_group.create_dataset(key, shape=weight.shape,
+                                                      dtype=weight.dtype))
+    variable_path = store._h5_entry_group.name
+    weight_map = store.sharding_config["weight_map"]
+    shard = store.current_shard_path.name
+    if variable_path not in weight_map:
+        weight_map[variable_path] = shard
+    else:
+        if not isinstance(weight_map[variable_path], list):
+            weight_map[variable_path] = [weight_map[variable_path]]
+        if shard not in weight_map[variable_path]:
+            weight_map[variable_path].append(shard)
+    return True
 
 
 class _Resolving:
@@ -60,10 +200,49 @@ class _Resolving:
 
     def __setitem__(self, key, value):
         path = getattr(value, "path", None)
-        self._store[key] = self._read[path]() if path in self._read else value
+        if path not in self._read:
+            self._store[key] = value
+            return
+        weight = self._read[path]
+        if not (isinstance(weight, _Weight) and _write_in_pieces(self._store, key, weight)):
+            self._store[key] = weight()
+        heap.trim()  # the pieces' buffers' pages, before the next weight's
 
     def __getattr__(self, name):
         return getattr(self._store, name)
+
+
+@contextlib.contextmanager
+def _one_copy():
+    """While in it, each weight passes through this process once, in one buffer.
+
+    Keras's weight stores convert every value they write with
+    `backend.convert_to_numpy` (`np.array(x)`: a copy), twice per weight in the
+    sharded store; the value `_Resolving` gives them is already a fresh array of
+    this process's own, so a NumPy array passes through unconverted here
+    (anything else still goes to Keras's function). And glibc maps every buffer
+    above a piece's quarter on its own (`heap.map_above`), so the pieces of
+    the weights read from other tasks leave no pages behind (from then on: the
+    threshold stays fixed for the rest of the process; the save ends a run, and
+    an export is a process of its own).
+    """
+    import numpy as np
+    from keras.src import backend
+
+    heap.map_above(PIECE_BYTES // 4)
+    original = getattr(backend, "convert_to_numpy", None)
+    if original is None:  # another Keras: its own conversion, copies or not
+        yield
+        return
+
+    def convert_to_numpy(x):
+        return x if type(x) is np.ndarray else original(x)
+
+    backend.convert_to_numpy = convert_to_numpy
+    try:
+        yield
+    finally:
+        backend.convert_to_numpy = original
 
 
 def _resolving_model(architecture: str, read: dict):
@@ -106,7 +285,8 @@ def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
     plain = _resolving_model(architecture, read)
     with open(os.path.join(directory, ARCHITECTURE), "w", encoding="utf-8") as f:
         f.write(architecture)
-    plain.save_weights(os.path.join(directory, WEIGHTS), max_shard_size=SHARD_GB)
+    with _one_copy():
+        plain.save_weights(os.path.join(directory, WEIGHTS), max_shard_size=SHARD_GB)
     names = sorted(os.listdir(directory))
     return [n for n in names if n != WEIGHTS] + [WEIGHTS]
 
@@ -120,7 +300,8 @@ def save_keras(architecture: str, read: dict, directory: str) -> list[str]:
         ["model.keras"].
     """
     plain = _resolving_model(architecture, read)
-    plain.save(os.path.join(directory, KERAS))
+    with _one_copy():
+        plain.save(os.path.join(directory, KERAS))
     return [KERAS]
 
 

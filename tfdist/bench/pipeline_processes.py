@@ -2,7 +2,7 @@
 
 Every point is a real job: `tfdist.launch -n P` running `tfdist.bench.train_worker`
 (the trainer itself) with `--strategy pipeline --devices 0`, one stage per task,
-the chief (task 0) holding stage 0 and driving the run. Three parts:
+the chief (task 0) holding stage 0 and driving the run. Its parts:
 
 - memory: each task's peak resident memory (VmHWM, `tfdist.bench.memory`) for
   P = 1 (one process, `--strategy single`) and P stage processes, on a model
@@ -27,6 +27,9 @@ the chief (task 0) holding stage 0 and driving the run. Three parts:
 - schedules: 1F1B against interleaved 1F1B and zero bubble on P pinned stage
   processes, alternated, measured bubble against each schedule's formula
   (`tfdist.bench.pipeline_schedules`; not in the default parts).
+- chief: a whole run (train, back up, resume, final weights) on P stage
+  processes, the chief's peak against its stage's share plus TensorFlow's
+  baseline (`tfdist.bench.chief_peak`; #40's must-show).
 - timeline: the time part's pipeline run once with every task traced by
   TensorFlow's profiler (`tfdist.bench.timeline`): each task's busy share of
   the traced steps and its longest idle gaps, with the ops either side (not in
@@ -45,12 +48,12 @@ import subprocess
 import sys
 import tempfile
 
-from tfdist.bench import memory, pipeline_schedules, runs
+from tfdist.bench import chief_peak, memory, pipeline_schedules, runs
 
 DESCRIPTION = ("pipeline stages in processes: per-process peak memory, pinned step time vs "
                "GPipe's ideal, GPipe vs 1F1B memory")
-PARTS = ("memory", "time", "schedule", "timeline", "schedules")
-DEFAULT_PARTS = PARTS[:3]
+PARTS = ("memory", "time", "schedule", "chief", "timeline", "schedules")
+DEFAULT_PARTS = PARTS[:4]
 # 12 Dense 4096x4096 layers (and the 64-input first layer): 0.81 GB of weights, 2.4 GB with
 # Adam's slots; 12 equal layers split evenly over 2 and 4 stages.
 MEMORY_MODEL = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
@@ -107,6 +110,7 @@ def add_arguments(parser):
                         help="timeline part: keep the XPlane files here (default: a "
                              "temporary directory, removed)")
     pipeline_schedules.add_arguments(parser)
+    chief_peak.add_arguments(parser)
     parser.add_argument("--interval", type=float, default=0.05,
                         help="seconds between memory samples")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
@@ -341,7 +345,8 @@ def run(args) -> dict:
     for part in PARTS:
         if part in parts:
             out[part] = {"memory": _memory, "time": _time, "schedule": _schedule,
-                         "timeline": _timeline, "schedules": _schedules}[part](args)
+                         "chief": chief_peak.measure, "timeline": _timeline,
+                         "schedules": _schedules}[part](args)
     out["load_avg_1m_end"] = runs.load_average()
     return out
 
@@ -404,6 +409,8 @@ def table(result) -> str:
                              for k, v in s["gpipe_minus_1f1b_bytes"].items()) + "\n" +
                    format_table(["schedule", "task", "in flight", "train peak MiB", "step ms",
                                  "load"], rows))
+    if "chief" in result:
+        out.append(chief_peak.table(result["chief"]))
     if "timeline" in result:
         t = result["timeline"]
         summary = t["summary"]
@@ -465,6 +472,8 @@ def plot(result, fig):
             ax.legend(fontsize=6)
         elif part == "schedules":
             pipeline_schedules.plot(result, ax)
+        elif part == "chief":
+            chief_peak.plot(result["chief"], ax)
         elif part == "timeline":
             if "timeline" not in result:
                 continue
