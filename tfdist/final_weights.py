@@ -9,11 +9,11 @@ save it, and each weight it reaches is read then, from the stage that holds it
 (a tensor-parallel weight's shards joined), written, and dropped. Only a piece
 of one weight at a time passes through this process: each is written into its
 HDF5 dataset a block of rows (at most PIECE_BYTES) at a time, each block sliced
-on the task that holds the variable (`_write_in_pieces`). Where that cannot be
-done (model.keras, bfloat16, another Keras) the whole value passes, once:
-Keras's H5 stores convert each value with `np.array` (a copy) twice, which
-`_one_copy` turns off (#40: a 4096x4096 kernel had been in the chief three
-times at once, and the remote ones' receive buffers left resident). Loadable
+on the task that holds the variable (`compat.keras_h5_copies.write_in_pieces`).
+Where that cannot be done (model.keras, bfloat16, another Keras) the whole
+value passes, once (`keras_h5_copies.one_copy`: Keras's H5 stores copy each
+value twice; #40: a 4096x4096 kernel had been in the chief three times at
+once, and the remote ones' receive buffers left resident). Loadable
 with Keras alone:
 
     model = keras.models.model_from_json(open("model.json").read())
@@ -25,10 +25,10 @@ process has left; smaller models keep `model.keras`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from tfdist import heap
+from tfdist.compat import keras_h5_copies
 
 ARCHITECTURE = "model.json"
 KERAS = "model.keras"
@@ -146,52 +146,6 @@ def values_of(model, piece_bytes: int = PIECE_BYTES):
     return out
 
 
-_SHARDED_STORE = ("_restore_h5_file", "max_shard_size", "current_shard_size",
-                  "total_shard_size", "_create_new_shard_file", "close", "sharding_config",
-                  "_h5_entry_group", "_h5_entry_initialized", "_create_h5_group",
-                  "_h5_entry_path", "current_shard_path")
-
-
-def _write_in_pieces(store, key: str, weight: _Weight) -> bool:
-    """Writes `weight` into Keras's sharded H5 store as its `__setitem__` would (the same
-    shard accounting, dataset and weight map), but a piece at a time into a dataset
-    made empty first. False (nothing done) where the store is not Keras's
-    `ShardedH5IOStore` as this was written against (Keras 3.15), or the dtype is
-    one HDF5 has not (bfloat16): the caller then writes the whole value.
-    """
-    import numpy as np
-
-    if (not all(hasattr(store, n) for n in _SHARDED_STORE)
-            or np.dtype(weight.dtype).kind not in "fiub"
-            or np.dtype(weight.dtype).name == "bfloat16"):
-        return False
-    size = weight.nbytes
-    if size > store.max_shard_size:
-        return False  # Keras's own error names it
-    store._restore_h5_file()
-    store.total_shard_size += size
-    store.current_shard_size += size
-    if store.current_shard_size > store.max_shard_size:
-        store.close()
-        store.h5_file = store._create_new_shard_file()
-        store.current_shard_size = size
-    if not store._h5_entry_initialized:
-        store._create_h5_group(store._h5_entry_path)
-    weight.write(store._h5_entry_group.create_dataset(key, shape=weight.shape,
-                                                      dtype=weight.dtype))
-    variable_path = store._h5_entry_group.name
-    weight_map = store.sharding_config["weight_map"]
-    shard = store.current_shard_path.name
-    if variable_path not in weight_map:
-        weight_map[variable_path] = shard
-    else:
-        if not isinstance(weight_map[variable_path], list):
-            weight_map[variable_path] = [weight_map[variable_path]]
-        if shard not in weight_map[variable_path]:
-            weight_map[variable_path].append(shard)
-    return True
-
-
 class _Resolving:
     """A Keras weights store whose variables are written as the values `read` gives."""
 
@@ -204,45 +158,13 @@ class _Resolving:
             self._store[key] = value
             return
         weight = self._read[path]
-        if not (isinstance(weight, _Weight) and _write_in_pieces(self._store, key, weight)):
+        if not (isinstance(weight, _Weight)
+                and keras_h5_copies.write_in_pieces(self._store, key, weight)):
             self._store[key] = weight()
         heap.trim()  # the pieces' buffers' pages, before the next weight's
 
     def __getattr__(self, name):
         return getattr(self._store, name)
-
-
-@contextlib.contextmanager
-def _one_copy():
-    """While in it, each weight passes through this process once, in one buffer.
-
-    Keras's weight stores convert every value they write with
-    `backend.convert_to_numpy` (`np.array(x)`: a copy), twice per weight in the
-    sharded store; the value `_Resolving` gives them is already a fresh array of
-    this process's own, so a NumPy array passes through unconverted here
-    (anything else still goes to Keras's function). And glibc maps every buffer
-    above a piece's quarter on its own (`heap.map_above`), so the pieces of
-    the weights read from other tasks leave no pages behind (from then on: the
-    threshold stays fixed for the rest of the process; the save ends a run, and
-    an export is a process of its own).
-    """
-    import numpy as np
-    from keras.src import backend
-
-    heap.map_above(PIECE_BYTES // 4)
-    original = getattr(backend, "convert_to_numpy", None)
-    if original is None:  # another Keras: its own conversion, copies or not
-        yield
-        return
-
-    def convert_to_numpy(x):
-        return x if type(x) is np.ndarray else original(x)
-
-    backend.convert_to_numpy = convert_to_numpy
-    try:
-        yield
-    finally:
-        backend.convert_to_numpy = original
 
 
 def _resolving_model(architecture: str, read: dict):
@@ -285,7 +207,7 @@ def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
     plain = _resolving_model(architecture, read)
     with open(os.path.join(directory, ARCHITECTURE), "w", encoding="utf-8") as f:
         f.write(architecture)
-    with _one_copy():
+    with keras_h5_copies.one_copy(PIECE_BYTES):
         plain.save_weights(os.path.join(directory, WEIGHTS), max_shard_size=SHARD_GB)
     names = sorted(os.listdir(directory))
     return [n for n in names if n != WEIGHTS] + [WEIGHTS]
@@ -300,7 +222,7 @@ def save_keras(architecture: str, read: dict, directory: str) -> list[str]:
         ["model.keras"].
     """
     plain = _resolving_model(architecture, read)
-    with _one_copy():
+    with keras_h5_copies.one_copy(PIECE_BYTES):
         plain.save(os.path.join(directory, KERAS))
     return [KERAS]
 
