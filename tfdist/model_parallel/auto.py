@@ -3,11 +3,11 @@
 A short measured pass (`profile.layer_costs`, each layer call timed on one
 micro-batch of the run's size, and `profile.action_s`, the fixed cost of one
 action), the cuts each schedule would make (by parameters, or by that
-measured time under `--balance time`), each
-schedule's prediction (`planner.plan`) printed as a table beside the
-placement table, and under `--schedule auto` the fastest predicted schedule
-whose every process fits its memory (`planner.choose`): a memory cgroup's
-limit where one is set, else what the machine has available, read by
+measured time under `--balance time`), each schedule's prediction
+(`planner.plan`) printed as a table beside the placement table, and under
+`--schedule auto` the fastest predicted schedule whose every process fits
+its memory (`planner.choose`): a memory cgroup's limit where one is set,
+else what the machine has available, read by
 `tfdist.memory_limit.headroom_bytes` plus what this process already holds.
 The predictions count what this process holds now as each process's
 baseline (TensorFlow's own memory, about 690 MB on CPU).

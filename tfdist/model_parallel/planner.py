@@ -4,13 +4,13 @@ Pure Python. From a short measured pass (`profile.layer_costs`: each layer
 call's forward, input-gradient and weight-gradient time on a micro-batch, its
 weights' optimizer update and the add of its gradients into a running sum,
 the bytes of activations it keeps, its weights' bytes; and the fixed cost of
-one action whatever its work, `profile.action_s`), the cuts each schedule makes (P chunks, or P·V
-interleaved), and the time one hand-off between devices costs, `predict`
-runs each schedule on paper (`simulate.run`) and counts what each device
-holds at its peak: its weights with their gradients and optimizer slots,
-and the activations of the micro-batches in flight (F done, its B or W
-not), chunk by chunk, over a measured baseline (what a process holds
-before its stage: TensorFlow itself). `plan` does it
+one action whatever its work, `profile.action_s`), the cuts each schedule
+makes (P chunks, or P·V interleaved), and the time one hand-off between
+devices costs, `predict` runs each schedule on paper (`simulate.run`) and
+counts what each device holds at its peak: its weights with their
+gradients and optimizer slots, and the activations of the micro-batches in
+flight (F done, its B or W not), chunk by chunk, over a measured baseline
+(what a process holds before its stage: TensorFlow itself). `plan` does it
 for every schedule offered, `choose` picks the fastest that fits a memory
 limit, and `format_predictions` and `reason` print the result beside the
 placement table (`tfdist.strategies.pipeline`).

@@ -157,7 +157,6 @@ def _update_s(variables, repeats) -> float:
     return _timed(fn, repeats)[0]
 
 
-
 def _accumulate_s(variables, repeats) -> float:
     """One add of a micro-batch's gradients of `variables` into the step's running sum.
 
@@ -172,20 +171,21 @@ def _accumulate_s(variables, repeats) -> float:
     """
     import tensorflow as tf
 
-    def twice(a, b, c):
+    def two_adds(a, b, c):
         sums = [x + y for x, y in zip(a, b)]
         with tf.control_dependencies(sums):  # as `_run_schedule`'s next action waits
             return [s + z for s, z in zip(sums, c)]
 
     a, b, c = ([tf.ones(v.shape, v.dtype) for v in variables] for _ in range(3))
     once = tf.function(lambda a, b, c: [x + y for x, y in zip(a, b)])
-    twice = tf.function(twice)
+    twice = tf.function(two_adds)
     once(a, b, c), twice(a, b, c)  # traced, not timed
     # Alternated in one loop, so a slow spell of a shared machine falls on both.
     pairs = [(_timed(lambda: once(a, b, c), 1)[0], _timed(lambda: twice(a, b, c), 1)[0])
              for _ in range(repeats)]
     return max(statistics.median(t for _, t in pairs) -
                statistics.median(o for o, _ in pairs), 0.0)
+
 
 def action_s(repeats: int = 11, actions: int = 256) -> float:
     """The fixed cost of one pipeline action, whatever its work: seconds, at least 0.
