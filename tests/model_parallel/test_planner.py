@@ -3,7 +3,7 @@
 import pytest
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import planner, simulate
+from tfdist.model_parallel import planner, schedules, simulate
 
 LAYERS = [planner.LayerCost(1.0, 1.0, 1.0, 100, 1000)] * 4  # F = I = W, equal layers
 CUTS = {"gpipe": [0, 2, 4], "1f1b": [0, 2, 4], "zb": [0, 2, 4], "interleaved": [0, 1, 2, 3, 4]}
@@ -108,3 +108,57 @@ def test_each_device_updates_its_weights_after_its_last_action():
     assert planner.predict("gpipe", on_last, CUTS["gpipe"], 2, 1)["step_s"] == \
         pytest.approx(12.0)
     assert plain["bubble"] == planner.predict("gpipe", on_first, CUTS["gpipe"], 2, 1)["bubble"]
+
+
+def test_each_action_pays_its_fixed_cost_so_more_actions_cost_more():
+    # One device runs its actions back to back: M = 4 micro-batches of equal work under
+    # 1F1B (8 actions: F, B), ZB (12: F, I, W) and interleaved V = 2 (16: two chunks'
+    # F and B); each 12 units of work, and each action's fixed cost on top.
+    def step(name, action=0.0):
+        v = 2 if name == "interleaved" else 1
+        return simulate.run(schedules.build(name, 1, 4, v), simulate.unit_cost(v),
+                            action=action)
+
+    for name, actions in (("1f1b", 8), ("zb", 12), ("interleaved", 16)):
+        assert step(name)["step"] == pytest.approx(12.0)
+        assert step(name, 0.25)["step"] == pytest.approx(12.0 + actions * 0.25)
+        assert step(name, 0.25)["busy"] == [pytest.approx(12.0 + actions * 0.25)]
+    # Twice 1F1B's actions: exactly 8 costs more.
+    assert step("interleaved", 0.25)["step"] - step("1f1b", 0.25)["step"] == \
+        pytest.approx(8 * 0.25)
+
+
+def test_the_planner_adds_the_fixed_cost_to_every_action_on_the_way():
+    # GPipe, M = 1 on 2 stages: device 0's F, device 1's F and B, device 0's B, one after
+    # the other (12 units), so each of the 4 actions' cost is on the step.
+    assert planner.predict("gpipe", LAYERS, CUTS["gpipe"], 2, 1, action_s=0.5)["step_s"] == \
+        pytest.approx(12.0 + 4 * 0.5)
+    # `plan` hands it on to each schedule.
+    got = planner.plan(LAYERS, lambda c: {2: [0, 2, 4], 4: [0, 1, 2, 3, 4]}[c], 2, 4,
+                       planner.offered(2, 4), action_s=0.5)
+    for name, p in got.items():
+        assert p["step_s"] == pytest.approx(planner.predict(
+            name, LAYERS, p["bounds"], 2, 4, p["virtual"], action_s=0.5)["step_s"])
+        assert p["step_s"] > _all()[name]["step_s"]
+
+
+def test_each_weight_gradient_after_a_chunks_first_is_added_into_its_running_sum():
+    # One device, M = 4: the first micro-batch's weight gradients start a chunk's sum,
+    # the other 3 are added to it, in the action that makes them (B, or ZB's W).
+    def step(name, accumulate=None):
+        v = 2 if name == "interleaved" else 1
+        return simulate.run(schedules.build(name, 1, 4, v), simulate.unit_cost(v),
+                            accumulate=accumulate)["step"]
+
+    assert step("1f1b", lambda k: 0.5) == pytest.approx(12.0 + 3 * 0.5)
+    assert step("zb", lambda k: 0.5) == pytest.approx(12.0 + 3 * 0.5)
+    # Interleaved: two chunks a device, each its own sum; chunk 1's adds cost 1.
+    assert step("interleaved", lambda k: [0.5, 1.0][k]) == \
+        pytest.approx(12.0 + 3 * 0.5 + 3 * 1.0)
+    # The planner takes it from the layers: GPipe, M = 2 on 2 stages, one add a stage.
+    adds = [planner.LayerCost(1.0, 1.0, 1.0, 100, 1000, accumulate_s=0.25)] * 4
+    base = planner.predict("gpipe", LAYERS, CUTS["gpipe"], 2, 2)
+    got = planner.predict("gpipe", adds, CUTS["gpipe"], 2, 2)
+    # Stage 1's second backward and then stage 0's are on the step's path: 2 x 0.5.
+    assert got["step_s"] == pytest.approx(base["step_s"] + 2 * 0.5)
+    assert got["busy_s"] == [pytest.approx(b + 0.5) for b in base["busy_s"]]

@@ -21,6 +21,9 @@ def test_each_layer_call_is_timed_and_its_bytes_counted():
                                                (32 * 4 + 4) * 4]
     assert [c.activation_bytes for c in costs] == [16 * 32 * 4] * 3 + [16 * 4 * 4]
     assert all(c.forward_s > 0 for c in costs)
+    # A layer with weights has its update and its running sum's add timed; Dropout none.
+    assert costs[1].update_s == costs[1].accumulate_s == 0.0
+    assert all(c.accumulate_s >= 0.0 for c in costs)
     graph = graph_lib.from_keras(model)
     bounds = [0, *graph_lib.balanced_cuts(graph, 2), len(graph.nodes)]
     got = planner.predict("zb", costs, bounds, 2, 4)
@@ -50,3 +53,12 @@ def test_a_model_without_values_is_timed_on_fresh_copies_and_left_as_it_was():
     assert deferred.has_deferred(model)  # no value was made in the model itself
     assert [c.weight_bytes for c in costs] == [(8 * 16 + 16) * 4, 0, (16 * 4 + 4) * 4]
     assert [c.activation_bytes for c in costs] == [8 * 16 * 4] * 2 + [8 * 4 * 4]
+
+
+def test_the_fixed_cost_of_an_action_is_timed_in_a_graph():
+    from tfdist.model_parallel import profile
+
+    got = profile.action_s(repeats=3, actions=32)
+    # The executor's cost of a few ops and a control edge: microseconds, never negative
+    # (a slope of two noisy timings is clamped), far from a tf.function call's 0.1 ms.
+    assert 0.0 <= got < 1e-3

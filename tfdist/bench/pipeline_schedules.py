@@ -15,10 +15,10 @@ TensorFlow's profiler for `--timeline-ms` after its warm-up
 - the issue's bar: a schedule saves at least half of its predicted saving
   on 1F1B's step, and its measured bubble is below 1F1B's.
 - the planner's prediction (`tfdist.bench.plan_worker`, before each repeat, on
-  the core a stage gets): each layer measured on one micro-batch, each schedule run on
-  paper with `--hop-ms` a hand-off; its step against the measured one, and
-  each task's predicted peak (a fresh TensorFlow process's RSS, then weights,
-  gradients, Adam's slots, activations in flight) against its peak RSS.
+  the core a stage gets): each layer measured on one micro-batch, and the fixed cost of
+  an action, each schedule run on paper with `--hop-ms` a hand-off; its step against the
+  measured one, and each task's predicted peak (a fresh TensorFlow process's RSS, then
+  weights, gradients, Adam's slots, activations in flight) against its peak RSS.
 """
 
 from __future__ import annotations
@@ -207,6 +207,10 @@ def table(result) -> str:
                 "/".join(f"{b / 2**20:.0f}" for b in point["peak_rss_bytes"]),
                 "/".join("-" if r is None else f"{r:.3f}" for r in point["planner_peak_vs_rss"])]
                for name, point in s["schedules"].items() if "planner_step_s" in point]
+    # The fixed cost each action was planned with, per repeat (`profile.action_s`).
+    actions = [p["action_s"] for p in s.get("plans", []) if p.get("action_s") is not None]
+    fixed = (f"; each action + {'/'.join(f'{a * 1e6:.2g}' for a in actions)} µs fixed, per "
+             "repeat" if actions else "")
     return (f"P={s['stages']} M={s['microbatches']} V={s['virtual_stages']}, "
             f"{s['microbatch_rows']} rows a micro-batch, each stage pinned to a core; "
             "bubble = 1 - the tasks' busy share of the median traced step\n" +
@@ -214,7 +218,7 @@ def table(result) -> str:
                           "CPU bubble", "predicted / 1f1b, bubble", "load"], rows) +
             "\nplanner (layers measured on one micro-batch before each repeat; planned / "
             "measured: the median of each repeat's; peak = a fresh TensorFlow process's RSS + "
-            "weights, gradients, Adam slots, activations in flight, per task)\n" +
+            "weights, gradients, Adam slots, activations in flight, per task" + fixed + ")\n" +
             format_table(["schedule", "planned ms", "measured ms", "planned / measured",
                           "planned bubble", "planned peak MiB", "peak RSS MiB",
                           "planned / RSS"], planned))

@@ -2,7 +2,8 @@
 
 Builds RECIPE's model (as `tfdist.train` would, no training), measures each
 layer call on one micro-batch of ROWS rows with one intra-op thread
-(`model_parallel.profile`), cuts it as each schedule would on P stages
+(`model_parallel.profile`) and the fixed cost of one action
+(`profile.action_s`), cuts it as each schedule would on P stages
 (`graph.balanced_cuts`: P chunks, P·V interleaved) and prints one result
 line (`runs.emit`) with each schedule's prediction (`planner.plan`,
 HOP_MS added per hand-off between stages; each process's peak over this
@@ -39,12 +40,14 @@ def main(argv: list[str]) -> int:
     recipe, cfg = train.parse(rest)
     model = recipe_lib.build_model(recipe, cfg)
     costs = profile.layer_costs(model, profile.sample_inputs(model, rows))
+    action = profile.action_s()
     graph = graph_lib.from_keras(model)
     predictions = planner.plan(
         costs, lambda chunks: [0, *graph_lib.balanced_cuts(graph, chunks), len(graph.nodes)],
         p, m, {"gpipe": 1, "1f1b": 1, "interleaved": v, "zb": 1}, hop_ms / 1e3,
-        planner.state_factor(2, m), baseline)
-    runs.emit({"layers": [dataclasses.asdict(c) for c in costs], "predictions": predictions,
+        planner.state_factor(2, m), baseline, action)
+    runs.emit({"layers": [dataclasses.asdict(c) for c in costs], "action_s": action,
+               "predictions": predictions,
                "baseline_bytes": baseline, "choice": planner.choose(predictions)})
     return 0
 

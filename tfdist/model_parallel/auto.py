@@ -1,12 +1,13 @@
 """`--schedule auto` and `--balance time`: the planner run on the model before it is cut.
 
 A short measured pass (`profile.layer_costs`, each layer call timed on one
-micro-batch of the run's size), the cuts each schedule would make (by
-parameters, or by that measured time under `--balance time`), each
-schedule's prediction (`planner.plan`) printed as a table beside the
-placement table, and under `--schedule auto` the fastest predicted schedule
-whose every process fits its memory (`planner.choose`): a memory cgroup's
-limit where one is set, else what the machine has available, read by
+micro-batch of the run's size, and `profile.action_s`, the fixed cost of one
+action), the cuts each schedule would make (by parameters, or by that
+measured time under `--balance time`), each schedule's prediction
+(`planner.plan`) printed as a table beside the placement table, and under
+`--schedule auto` the fastest predicted schedule whose every process fits
+its memory (`planner.choose`): a memory cgroup's limit where one is set,
+else what the machine has available, read by
 `tfdist.memory_limit.headroom_bytes` plus what this process already holds.
 The predictions count what this process holds now as each process's
 baseline (TensorFlow's own memory, about 690 MB on CPU).
@@ -94,6 +95,7 @@ def plan(model, options, stages: int, rows: int, copies: int = 1,
 
     m = options.microbatches
     layers = profile.layer_costs(model, profile.sample_inputs(model, rows), repeats)
+    action = profile.action_s(repeats)
     costs = node_costs(layers) if options.balance == "time" else None
     graph = graph_lib.from_keras(model)
     weighed = graph.weighed(costs) if costs else graph
@@ -111,7 +113,7 @@ def plan(model, options, stages: int, rows: int, copies: int = 1,
     limit, baseline = memory_limit()
     predictions = planner.plan(layers, cut, stages, m, offered,
                                HOP_S if across_processes else 0.0,
-                               planner.state_factor(SLOTS, m, copies), baseline)
+                               planner.state_factor(SLOTS, m, copies), baseline, action)
     per_process = process_peaks(predictions, 1 if across_processes else stages, baseline)
     where = "each stage process" if across_processes else f"this process ({stages} stages)"
     lines = [f"tfdist: the planner's predictions ({m} micro-batches of {rows} rows, layers "

@@ -2,8 +2,9 @@
 
 Pure Python. From a short measured pass (`profile.layer_costs`: each layer
 call's forward, input-gradient and weight-gradient time on a micro-batch, its
-weights' optimizer update, the bytes of activations it keeps, its weights'
-bytes), the cuts each schedule
+weights' optimizer update and the add of its gradients into a running sum,
+the bytes of activations it keeps, its weights' bytes; and the fixed cost of
+one action whatever its work, `profile.action_s`), the cuts each schedule
 makes (P chunks, or P·V interleaved), and the time one hand-off between
 devices costs, `predict` runs each schedule on paper (`simulate.run`) and
 counts what each device holds at its peak: its weights with their
@@ -35,6 +36,9 @@ class LayerCost:
         weight_bytes: Its weights' bytes (0 for a call of a layer already counted).
         update_s: The optimizer's update of its weights, once a step (0 for a call
             of a layer already counted).
+        accumulate_s: The add of one micro-batch's gradients of its weights into the
+            step's running sum, M - 1 times a step (0 for a call of a layer
+            already counted).
     """
 
     forward_s: float
@@ -43,6 +47,7 @@ class LayerCost:
     activation_bytes: int
     weight_bytes: int
     update_s: float = 0.0
+    accumulate_s: float = 0.0
 
 
 def chunk_costs(layers: list[LayerCost], bounds: list[int]) -> list[dict]:
@@ -54,6 +59,7 @@ def chunk_costs(layers: list[LayerCost], bounds: list[int]) -> list[dict]:
                     "W": sum(x.weight_s for x in part),
                     "activation_bytes": sum(x.activation_bytes for x in part),
                     "U": sum(x.update_s for x in part),
+                    "A": sum(x.accumulate_s for x in part),
                     "weight_bytes": sum(x.weight_bytes for x in part)})
     return out
 
@@ -70,7 +76,7 @@ def peak_bytes(actions: list[tuple], device: int, chunks: list[dict]) -> int:
 
 def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
             microbatches: int, virtual: int = 1, hop_s: float = 0.0,
-            state_factor: float = 4.0, baseline_bytes: int = 0) -> dict:
+            state_factor: float = 4.0, baseline_bytes: int = 0, action_s: float = 0.0) -> dict:
     """Pure function: one schedule's predicted step, bubble and each device's peak bytes.
 
     Args:
@@ -85,6 +91,8 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
             the optimizer's slots (4 for Adam: 2 slots; `state_factor`).
         baseline_bytes: What each process holds before its stage (TensorFlow's
             own memory), added to each device's peak.
+        action_s: The fixed cost of one action (`profile.action_s`), added to each
+            (`simulate.run`'s `action`).
 
     Returns:
         {"step_s", "bubble", "busy_s": [per device], "peak_bytes": [per device],
@@ -101,7 +109,8 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
         c = chunks[k]
         return c["I"] + c["W"] if kind == "B" else c[kind]
 
-    run = simulate.run(schedule, cost, hop=hop_s)
+    run = simulate.run(schedule, cost, hop=hop_s, action=action_s,
+                       accumulate=lambda k: chunks[k]["A"])
     # Each device updates its own weights once its last action is done, all at once.
     updates = [sum(c["U"] for k, c in enumerate(chunks) if k % stages == d)
                for d in range(stages)]
@@ -137,7 +146,7 @@ def offered(stages: int, microbatches: int, virtual: int = 1) -> dict[str, int]:
 
 def plan(layers: list[LayerCost], cut, stages: int, microbatches: int,
          schedules_v: dict[str, int], hop_s: float = 0.0, state: float = 4.0,
-         baseline_bytes: int = 0) -> dict[str, dict]:
+         baseline_bytes: int = 0, action_s: float = 0.0) -> dict[str, dict]:
     """Pure function: `predict` for each schedule of `schedules_v` (name -> V).
 
     Args:
@@ -145,7 +154,7 @@ def plan(layers: list[LayerCost], cut, stages: int, microbatches: int,
         cut: chunks -> the bounds [0, ..., len(layers)] of that many chunks, or
             None where the model cannot be cut that many ways (the schedule
             is then left out).
-        stages, microbatches, hop_s, baseline_bytes: as `predict`.
+        stages, microbatches, hop_s, baseline_bytes, action_s: as `predict`.
         schedules_v: The schedules offered (`offered`).
         state: `predict`'s `state_factor`.
 
@@ -158,7 +167,8 @@ def plan(layers: list[LayerCost], cut, stages: int, microbatches: int,
         if bounds is None:
             continue
         out[name] = {"bounds": list(bounds), "virtual": v, **predict(
-            name, layers, list(bounds), stages, microbatches, v, hop_s, state, baseline_bytes)}
+            name, layers, list(bounds), stages, microbatches, v, hop_s, state, baseline_bytes,
+            action_s)}
     return out
 
 

@@ -7,7 +7,10 @@ pipeline's train step runs it, without eager overhead): its forward alone,
 its forward and inputs' gradient, its forward and weights' gradient (for an
 upstream gradient of ones). Each is timed `repeats` times (the median kept);
 I and W are the latter two less the forward. The bytes its forward keeps
-are its outputs'; a layer's weights are counted at its first call.
+are its outputs'; a layer's weights are counted at its first call, where
+their Adam update (`_update_s`) and the add of their gradients into the
+step's running sum (`_accumulate_s`) are timed too. `action_s` times what
+an action costs whatever its work.
 
 Each layer is timed as a fresh copy made from its config (and dropped after
 its last call), so a model built without values (the chief of stage
@@ -131,12 +134,13 @@ def _node_cost(node, known, copies, counted, repeats) -> LayerCost:
     weight_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
                        for v in layer.weights) if first else 0
     update_s = _update_s(variables, repeats) if first and variables else 0.0
+    accumulate_s = _accumulate_s(variables, repeats) if first and variables else 0.0
     counted.add(id(original))
     for ref, value in zip(node.outputs, made):
         known[id(ref)] = value
     return LayerCost(forward_s, input_s, weight_s,
                      sum(int(np.prod(t.shape)) * t.dtype.size for t in made),
-                     weight_bytes, update_s)
+                     weight_bytes, update_s, accumulate_s)
 
 
 def _update_s(variables, repeats) -> float:
@@ -151,3 +155,74 @@ def _update_s(variables, repeats) -> float:
     fn = tf.function(lambda: optimizer.apply(grads, variables))
     fn()  # traced, not timed
     return _timed(fn, repeats)[0]
+
+
+def _accumulate_s(variables, repeats) -> float:
+    """One add of a micro-batch's gradients of `variables` into the step's running sum.
+
+    The pipeline adds each micro-batch's gradients after the first to a sum
+    (`PipelineModel._run_schedule`), in the action that made them, and the
+    device's next action waits for the sum (a control dependency). The sum
+    is a temporary the add may overwrite, which TensorFlow does (no new
+    buffer). So it is timed as the graph of two such adds, a + b and then,
+    after it, that sum + c, less the graph of the first alone: the second add
+    is the running sum's, and the first's new buffer cancels. (Written
+    (a + b) + c, Grappler makes one AddN of it, cheaper than the pipeline's.)
+    """
+    import tensorflow as tf
+
+    def two_adds(a, b, c):
+        sums = [x + y for x, y in zip(a, b)]
+        with tf.control_dependencies(sums):  # as `_run_schedule`'s next action waits
+            return [s + z for s, z in zip(sums, c)]
+
+    a, b, c = ([tf.ones(v.shape, v.dtype) for v in variables] for _ in range(3))
+    once = tf.function(lambda a, b, c: [x + y for x, y in zip(a, b)])
+    twice = tf.function(two_adds)
+    once(a, b, c), twice(a, b, c)  # traced, not timed
+    # Alternated in one loop, so a slow spell of a shared machine falls on both.
+    pairs = [(_timed(lambda: once(a, b, c), 1)[0], _timed(lambda: twice(a, b, c), 1)[0])
+             for _ in range(repeats)]
+    return max(statistics.median(t for _, t in pairs) -
+               statistics.median(o for o, _ in pairs), 0.0)
+
+
+def action_s(repeats: int = 11, actions: int = 256) -> float:
+    """The fixed cost of one pipeline action, whatever its work: seconds, at least 0.
+
+    The pipeline's train step is one graph (`pipeline.PipelineModel._run_schedule`):
+    each action is a few ops under its stage's device and a control dependency on
+    its device's previous action, run by TensorFlow's executor. So the cost an
+    action pays beyond its layers' is the executor's for its ops and that control
+    edge, not a `tf.function` call (the layers' own timings each include one call;
+    the step makes one). It is timed as the graph of `actions` chained actions
+    doing almost nothing (two ops on a scalar), less the graph of one: the slope
+    per action, with the call's own cost cancelled.
+
+    Args:
+        repeats: Timings of each graph (the median kept; a warm-up run first).
+        actions: Actions in the long chain.
+    """
+    import tensorflow as tf
+
+    def chain(n):
+        def run(x, y):
+            last = []
+            for _ in range(n):
+                with tf.control_dependencies(last):  # as `_run_schedule` orders a device's
+                    # Not a chain of adds, which Grappler turns into one AddN; `y` is an
+                    # argument, so no constant folding either.
+                    x = tf.sin(x) * y
+                last = [x]
+            return x
+        return tf.function(run)
+
+    x, y = tf.constant(0.0), tf.constant(1.0)
+    one, many = chain(1), chain(actions)
+    one(x, y), many(x, y)  # traced, not timed
+    # Alternated in one loop, so a slow spell of a shared machine falls on both.
+    pairs = [(_timed(lambda: one(x, y), 1)[0], _timed(lambda: many(x, y), 1)[0])
+             for _ in range(repeats)]
+    short = statistics.median(a for a, _ in pairs)
+    long = statistics.median(b for _, b in pairs)
+    return max(long - short, 0.0) / (actions - 1)

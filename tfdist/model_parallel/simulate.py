@@ -20,13 +20,20 @@ def unit_cost(virtual: int = 1):
     return lambda kind, chunk: UNIT[kind] / virtual
 
 
-def run(schedule: list[list[tuple]], cost, hop: float = 0.0) -> dict:
+def run(schedule: list[list[tuple]], cost, hop: float = 0.0, action: float = 0.0,
+        accumulate=None) -> dict:
     """Pure function: when each device is busy, running `schedule` with durations `cost`.
 
     Args:
         schedule: Actions per device (`schedules`).
         cost: (kind, chunk) -> seconds (or units).
         hop: Added where a forward or input gradient crosses to another device.
+        action: Added to every action's duration: what running one action costs
+            whatever its work (`profile.action_s`), so a schedule of more,
+            smaller actions (ZB's B split into I and W) pays for each.
+        accumulate: chunk -> seconds added to each action that makes the chunk's
+            weight gradients (B, or W where B is split) after its first one: the
+            add into the step's running sum (the first gradients start it).
 
     Returns:
         {"step": the last end, "busy": [per device, the sum of its actions],
@@ -37,6 +44,7 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0) -> dict:
     free = [0.0] * p
     busy = [0.0] * p
     end: dict = {}
+    summed: set = set()  # the chunks whose running sum has been started
     count = 1 + max((schedules.parts(a, d)[2] for d, acts in enumerate(schedule)
                      for a in acts), default=p - 1)
 
@@ -53,7 +61,11 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0) -> dict:
             ready = max(end[("F", i, k)], after(("G", i, k + 1), (k + 1) % p, d)
                         if k + 1 < count else 0.0)
         start = max(free[d], ready)
-        took = cost(kind, k)
+        took = cost(kind, k) + action  # the device is busy for both
+        if accumulate is not None and kind in ("B", "W"):
+            if k in summed:
+                took += accumulate(k)
+            summed.add(k)
         free[d] = start + took
         busy[d] += took
         if kind != "W":
