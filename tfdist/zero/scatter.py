@@ -28,13 +28,13 @@ import numpy as np
 
 from tfdist.zero import partition
 
-# Elements each rank sends one owner in one all-to-all (8 MB of float32; at most
+# Elements each rank sends one owner in one all-to-all (4 MB of float32; at most
 # `mwms.CHUNK_ELEMENTS`). The scatter runs while every local gradient is alive (the
 # step's peak): a piece's copy and what arrives, n pieces each, come on top. With
 # the gather's 16 MB pieces a 4-worker step of 4 x 4096x4096 + Adam peaked at
-# 480-590 MiB of TensorFlow's allocator over the weights and owned state; smaller
-# pieces lower that (docs/zero.md), for more all-to-alls.
-SCATTER_CHUNK_ELEMENTS = 2 << 20
+# 480-590 MiB of TensorFlow's allocator over the weights and owned state, with these
+# 360-430 (docs/benchmarks.md), for four times as many all-to-alls.
+SCATTER_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
