@@ -58,6 +58,29 @@ def test_each_owner_gets_the_sum_of_its_variable(monkeypatch, chunk):
             np.testing.assert_allclose(got[q].numpy(), want, rtol=1e-6)
 
 
+def test_the_scatter_sends_pieces_of_at_most_its_own_chunk(monkeypatch):
+    """SCATTER_CHUNK_ELEMENTS, below the gather's CHUNK_ELEMENTS, bounds each all-to-all."""
+    import tensorflow as tf
+
+    monkeypatch.setattr(mwms, "CHUNK_ELEMENTS", 4 << 20)
+    monkeypatch.setattr(scatter, "SCATTER_CHUNK_ELEMENTS", 4)  # 2 rows of (., 2) a piece
+    n = 2
+    rng = np.random.default_rng(1)
+    local = [[rng.standard_normal((5, 2)).astype(np.float32) for _ in range(n)]
+             for _ in range(n)]
+    widths = []
+
+    def recorder(x):
+        widths.append(int(x.shape[1]))
+        return x
+
+    scatter._scatter_round(recorder, [tf.constant(g) for g in local[0]], 0)
+    assert widths == [4, 4, 2]
+    got = _exchange([[tf.constant(g) for g in row] for row in local], n)
+    for q in range(n):
+        np.testing.assert_allclose(got[q].numpy(), local[0][q] + local[1][q], rtol=1e-6)
+
+
 def test_partial_norm_counts_each_gradient_on_its_owner_only():
     grads = [np.full((2,), 3.0, np.float32), None, np.full((1,), 4.0, np.float32)]
     assert float(scatter.partial_norm(grads, [0, 0, 1], 0)) == pytest.approx(18.0)

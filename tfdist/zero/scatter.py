@@ -4,10 +4,11 @@ In place of the full all-reduce: with the weights' all_gather after the
 owners' update (`tfdist.zero.mwms`), a reduce-scatter makes the step's
 traffic about one all-reduce's, where an all-reduce and then the all_gather
 send half as much again. MultiWorkerMirrored has no reduce-scatter on CPU, so
-an all-to-all stands in (`tfdist.compat.tf_all_to_all`): in the rounds and row
-ranges of the gather (`partition.rounds`, `partition.row_chunks`), each
-worker sends every rank the rows of its local gradient of the variable that
-rank owns, and sums the n copies of its own that arrive.
+an all-to-all stands in (`tfdist.compat.tf_all_to_all`): in the rounds of the
+gather (`partition.rounds`) and row ranges (`partition.row_chunks`) of at most
+`SCATTER_CHUNK_ELEMENTS` per rank, each worker sends every rank the rows of
+its local gradient of the variable that rank owns, and sums the n copies of
+its own that arrive.
 
 What the gradients are afterwards: an owned dense gradient is the sum over
 workers (as the all-reduce gave); a dense gradient another worker owns stays
@@ -26,6 +27,14 @@ import dataclasses
 import numpy as np
 
 from tfdist.zero import partition
+
+# Elements each rank sends one owner in one all-to-all (4 MB of float32; at most
+# `mwms.CHUNK_ELEMENTS`). The scatter runs while every local gradient is alive (the
+# step's peak): a piece's copy and what arrives, n pieces each, come on top. With
+# the gather's 16 MB pieces a 4-worker step of 4 x 4096x4096 + Adam peaked at
+# 480-590 MiB of TensorFlow's allocator over the weights and owned state, with these
+# 360-430 (docs/benchmarks.md), for four times as many all-to-alls.
+SCATTER_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,14 +80,15 @@ class ReplicaScatter:
 
 def _scatter_round(all_to_all, members, rank: int, after=None):
     """Member q (the local gradient of rank q's variable, or None) summed onto rank q, in
-    all-to-alls of at most `mwms.CHUNK_ELEMENTS` per rank, each piece's copies made after
-    `after` (the previous all-to-all's result) arrived; returns (this rank's sum or None,
-    the last result)."""
+    all-to-alls of at most `SCATTER_CHUNK_ELEMENTS` (and `mwms.CHUNK_ELEMENTS`) per rank,
+    each piece's copies made after `after` (the previous all-to-all's result) arrived;
+    returns (this rank's sum or None, the last result)."""
     import tensorflow as tf
 
     from tfdist.zero import mwms
 
-    plans = [None if g is None else partition.row_chunks(tuple(g.shape), mwms.CHUNK_ELEMENTS)
+    chunk = min(SCATTER_CHUNK_ELEMENTS, mwms.CHUNK_ELEMENTS)
+    plans = [None if g is None else partition.row_chunks(tuple(g.shape), chunk)
              for g in members]
     mine, received = [], after
     for j in range(max(len(p) for p in plans if p is not None)):
