@@ -197,3 +197,34 @@ def _assert_loads_without_optimizer_state(path):
     assert proc.returncode == 0, tail(proc)
     assert "LOADED 4" in proc.stdout, tail(proc)
     assert "WARNING Skipping variable loading for optimizer" in proc.stdout, tail(proc)
+
+
+def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
+    """mixed_float16, one step's gradient of one weight overflowing on one worker's
+    rows (tests/workers/zero_loss_scale.py): under shm and multi_worker, 2 sharded
+    workers skip that step together (the loss scale halved once, 2 of 3 steps applied
+    on both) and end with the weights of the same 2 workers unsharded, bit for bit.
+    What carries the skip is not isolated here: with the workers' agreement on the
+    finite check (`allreduce_optimizer.loss_scale_if_float16`) taken out, both still
+    skipped together (shm: every worker checks every all-reduced gradient)."""
+    worker = os.path.join(WORKERS, "zero_loss_scale.py")
+    strategies = ("shm", "multi_worker")
+    commands = [["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", worker,
+                 strategy, str(tmp_path / strategy)] for strategy in strategies]
+    for strategy in strategies:
+        os.makedirs(tmp_path / strategy)
+    for strategy, proc in zip(strategies, run_py_many(commands, timeout=300)):
+        assert proc.returncode == 0, (strategy, tail(proc))
+        ranks = [dict(np.load(tmp_path / strategy / f"worker{r}.npz")) for r in (0, 1)]
+        for rank in ranks:
+            for run in ("whole", "sharded"):
+                assert float(rank[f"{run}_scale"]) == 2.0 ** 14, (strategy, run)
+                assert int(rank[f"{run}_iterations"]) == 2, (strategy, run)
+            for key in (k for k in rank if k.startswith("whole:")):
+                np.testing.assert_array_equal(rank["sharded:" + key[6:]], rank[key],
+                                              err_msg=f"{strategy} {key}")
+                np.testing.assert_array_equal(rank["sharded:" + key[6:]],
+                                              ranks[0]["sharded:" + key[6:]])
+        # Sharded: a's slots (kernel and bias) on worker 0, b's kernel on worker 1.
+        assert [int(r["sharded_slot_bytes"]) for r in ranks] == [72, 48], strategy
+        assert all(int(r["whole_slot_bytes"]) == 0 for r in ranks)
