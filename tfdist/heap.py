@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc's malloc.h)
 
 
+@functools.lru_cache(maxsize=None)  # `trim` runs once a weight in a save
 def _libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

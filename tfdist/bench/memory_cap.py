@@ -21,10 +21,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-import threading
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 DESCRIPTION = ("stage processes each in a kernel memory cap: train, back up, lose a stage, "
@@ -79,9 +79,11 @@ def _stages(args, model_dir: str, reports: str, kill_after_backup: bool = False)
     for line in proc.stdout:
         out.append(line)
     proc.wait()
-    tasks = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(reports, "task*.json")))]
-    for p in glob.glob(os.path.join(reports, "task*.json")):
-        os.remove(p)
+    tasks = []
+    for path in sorted(glob.glob(os.path.join(reports, "task*.json"))):
+        with open(path) as f:
+            tasks.append(json.load(f))
+        os.remove(path)
     return {"exit": proc.returncode, "s": round(time.monotonic() - start, 1),
             "killed": killed[0] if killed else None,
             "tasks": tasks, "resumed": any("resumed from" in line for line in out),
@@ -110,8 +112,9 @@ def run(args) -> dict:
     one = subprocess.run([*_capped(args, one_report), sys.executable, "-m", "tfdist.train",
                           *_train(args, os.path.join(root, "one")), "--strategy", "single"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    result = {"limit_mib": args.limit_mib, "stages": args.stages,
-              "one": {"exit": one.returncode, **json.load(open(one_report))}}
+    with open(one_report) as f:
+        result = {"limit_mib": args.limit_mib, "stages": args.stages,
+                  "one": {"exit": one.returncode, **json.load(f)}}
     result["whole"] = _stages(args, os.path.join(root, "whole"), os.path.join(root, "r1"))
     first = _stages(args, os.path.join(root, "cut"), os.path.join(root, "r2"),
                     kill_after_backup=True)

@@ -37,6 +37,14 @@ def _timed(fn, repeats):
     return statistics.median(times), result
 
 
+def _extra_s(short, long, repeats) -> float:
+    """How much longer `long` takes than `short` (medians), at least 0: the two timed
+    alternately in one loop, so a slow spell of a shared machine falls on both."""
+    pairs = [(_timed(short, 1)[0], _timed(long, 1)[0]) for _ in range(repeats)]
+    return max(statistics.median(b for _, b in pairs) - statistics.median(a for a, _ in pairs),
+               0.0)
+
+
 def sample_inputs(model, rows: int) -> list:
     """One micro-batch of `rows` rows for each of `model.inputs`: normal floats, zero ids."""
     import numpy as np
@@ -180,11 +188,7 @@ def _accumulate_s(variables, repeats) -> float:
     once = tf.function(lambda a, b, c: [x + y for x, y in zip(a, b)])
     twice = tf.function(two_adds)
     once(a, b, c), twice(a, b, c)  # traced, not timed
-    # Alternated in one loop, so a slow spell of a shared machine falls on both.
-    pairs = [(_timed(lambda: once(a, b, c), 1)[0], _timed(lambda: twice(a, b, c), 1)[0])
-             for _ in range(repeats)]
-    return max(statistics.median(t for _, t in pairs) -
-               statistics.median(o for o, _ in pairs), 0.0)
+    return _extra_s(lambda: once(a, b, c), lambda: twice(a, b, c), repeats)
 
 
 def action_s(repeats: int = 11, actions: int = 256) -> float:
@@ -220,9 +224,4 @@ def action_s(repeats: int = 11, actions: int = 256) -> float:
     x, y = tf.constant(0.0), tf.constant(1.0)
     one, many = chain(1), chain(actions)
     one(x, y), many(x, y)  # traced, not timed
-    # Alternated in one loop, so a slow spell of a shared machine falls on both.
-    pairs = [(_timed(lambda: one(x, y), 1)[0], _timed(lambda: many(x, y), 1)[0])
-             for _ in range(repeats)]
-    short = statistics.median(a for a, _ in pairs)
-    long = statistics.median(b for _, b in pairs)
-    return max(long - short, 0.0) / (actions - 1)
+    return _extra_s(lambda: one(x, y), lambda: many(x, y), repeats) / (actions - 1)
