@@ -82,6 +82,8 @@ def test_killed_worker_is_reported_by_signal():
 
 @pytest.mark.parametrize("code, lost_host, status", [
     (-9, False, 4), (-11, False, 4), (-15, False, 4),  # died by a signal: lost
+    (137, False, 4), (139, False, 4),  # the same through a wrapper (a shell, a memory cap)
+    (128, False, 1), (200, False, 1),  # not 128 + a signal
     (255, True, 4),  # ssh's own status for a worker on another host: the host was lost
     (255, False, 1), (7, False, 1), (1, False, 1),  # its own failure
     (2, False, 2), (3, False, 3), (4, False, 4), (75, False, 75), (130, False, 130),
@@ -313,6 +315,9 @@ def test_a_worker_that_ended_cleanly_is_not_called_failed_in_the_signal_summary(
     assert describe_outcome(0) == "ended (exit code 0)"
     assert describe_outcome(130) == "interrupted (exit code 130)"
     assert describe_outcome(-9) == "failed (killed by SIGKILL)"
+    # A memory cap's or a shell's report of a SIGKILLed child (the OOM killer's signal).
+    assert describe_outcome(137) == (
+        "failed (exit code 137: killed by SIGKILL, as its wrapper reports it)")
 
 
 @pytest.mark.integration

@@ -28,8 +28,9 @@ the chief (task 0) holding stage 0 and driving the run. Its parts:
   processes, alternated, measured bubble against each schedule's formula
   (`tfdist.bench.pipeline_schedules`; not in the default parts).
 - chief: a whole run (train, back up, resume, final weights) on P stage
-  processes, the chief's peak against its stage's share plus TensorFlow's
-  baseline (`tfdist.bench.chief_peak`; #40's must-show).
+  processes, the chief's peak against its stage's share plus its role's
+  baseline, the same run with 8-unit layers (`tfdist.bench.chief_peak`; #40's
+  must-show).
 - timeline: the time part's pipeline run once with every task traced by
   TensorFlow's profiler (`tfdist.bench.timeline`): each task's busy share of
   the traced steps and its longest idle gaps, with the ops either side (not in

@@ -88,13 +88,31 @@ def ps_tf_configs(num_workers: int, num_ps: int, ports: list,
              {"cluster": cluster, "task": {"type": t, "index": i}}) for t, i in tasks]
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def wrapped_signal(code: int) -> int | None:
+    """Pure function: the signal a wrapper's status 128+N says its child died of (a
+    shell, `srun`, a memory cap's wrapper: a SIGKILLed child is their 137), or None.
+
+    tfdist's own statuses in that range (130: interrupted) are not signals.
+    """
+    if code in PASSED_ON or not 128 < code < 128 + signal.NSIG:
+        return None
+    return code - 128
+
+
 def describe_exit(code: int) -> str:
-    """'exit code 3' or 'killed by SIGKILL' for a Popen returncode."""
+    """'exit code 3', 'killed by SIGKILL' or 'exit code 137: killed by SIGKILL, as its
+    wrapper reports it' for a Popen returncode."""
     if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
+        return f"killed by {_signal_name(-code)}"
+    if wrapped_signal(code) is not None:
+        return f"exit code {code}: killed by {_signal_name(code - 128)}, as its wrapper reports it"
     return f"exit code {code}"
 
 
@@ -117,7 +135,8 @@ def job_status(code: int, lost_host: bool = False) -> int:
     """Pure function: the launcher's exit status when a worker ended with `code`.
 
     A tfdist status is passed on. A worker that died by a signal (SIGKILL, the
-    OOM killer, a crash), or whose host was lost (`lost_host`: its ssh session
+    OOM killer or a memory cap, a crash; also as a wrapper reports it, 128+N:
+    `wrapped_signal`), or whose host was lost (`lost_host`: its ssh session
     ended with ssh's own 255), is a lost worker: `exit_codes.PEER_LOST`, the
     status the chief exits with when it loses a peer, so that a wrapper that
     reruns on 4 sees the same whoever reported first. Anything else is 1.
@@ -128,7 +147,7 @@ def job_status(code: int, lost_host: bool = False) -> int:
     """
     if code in PASSED_ON:
         return code
-    if code < 0 or lost_host:
+    if code < 0 or lost_host or wrapped_signal(code) is not None:
         return exit_codes.PEER_LOST
     return exit_codes.FAILED
 
