@@ -204,9 +204,11 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
     rows (tests/workers/zero_loss_scale.py): under shm and multi_worker, 2 sharded
     workers skip that step together (the loss scale halved once, 2 of 3 steps applied
     on both) and end with the weights of the same 2 workers unsharded, bit for bit.
-    What carries the skip is not isolated here: with the workers' agreement on the
-    finite check (`allreduce_optimizer.loss_scale_if_float16`) taken out, both still
-    skipped together (shm: every worker checks every all-reduced gradient)."""
+    On multi_worker the workers' agreement on the finite check
+    (`multi_worker._all_true`) is what carries it: with it taken out, worker 0
+    (finite rows) applied the step and waited in the all-gather that worker 1
+    skipped until the collective timed out, failing this test (tried). On shm every
+    worker checks every all-reduced gradient, so the agreement is redundant there."""
     worker = os.path.join(WORKERS, "zero_loss_scale.py")
     strategies = ("shm", "multi_worker")
     commands = [["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", worker,
