@@ -44,8 +44,7 @@ import time
 
 from tfdist.bench import memory, runs
 
-MODEL = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
-         "--global-batch-size 64 --learning-rate 0.001 --seed 0 --verbose 0")
+MODEL = runs.LARGE_MLP + " --learning-rate 0.001 --seed 0 --verbose 0"
 BASELINE_UNITS = 8
 BASELINE_CODE = "import tensorflow as tf, keras; tf.reduce_sum(tf.ones([8])).numpy()"
 MIB = memory.MB

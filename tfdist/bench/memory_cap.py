@@ -27,10 +27,11 @@ import sys
 import threading
 import time
 
+from tfdist.bench import runs
+
 DESCRIPTION = ("stage processes each in a kernel memory cap: train, back up, lose a stage, "
                "resume, write final weights")
-MODEL = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
-         "--global-batch-size 64 --learning-rate 0.001 --seed 0 --deterministic --verbose 0")
+MODEL = runs.LARGE_MLP + " --learning-rate 0.001 --seed 0 --deterministic --verbose 0"
 
 
 def add_arguments(parser):

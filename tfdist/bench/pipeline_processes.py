@@ -55,10 +55,7 @@ DESCRIPTION = ("pipeline stages in processes: per-process peak memory, pinned st
                "GPipe's ideal, GPipe vs 1F1B memory")
 PARTS = ("memory", "time", "schedule", "chief", "timeline", "schedules")
 DEFAULT_PARTS = PARTS[:4]
-# 12 Dense 4096x4096 layers (and the 64-input first layer): 0.81 GB of weights, 2.4 GB with
-# Adam's slots; 12 equal layers split evenly over 2 and 4 stages.
-MEMORY_MODEL = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
-                "--global-batch-size 64")
+MEMORY_MODEL = runs.LARGE_MLP
 # 4 Dense 2048x2048 layers (#29's shape): 2 equal stages of 2.
 TIME_MODEL = "model_parallel_mlp --hidden-layers 5 --hidden-units 2048"
 # Micro-batches of 8 rows (#29's shape: each 16 MB weight matrix streamed from memory at 2

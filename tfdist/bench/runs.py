@@ -19,6 +19,11 @@ import time
 MARK = "TFDIST_BENCH_RESULT "
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPI_ROOT_ARGS = "--allow-run-as-root --oversubscribe"
+# #40's model larger than any one stage process: 12 Dense 4096x4096 layers (and the
+# 64-input first layer), 0.81 GB of weights, 2.4 GB with Adam's slots; 12 equal layers
+# split evenly over 2 and 4 stages. The memory benches add their own flags to it.
+LARGE_MLP = ("model_parallel_mlp --hidden-layers 13 --hidden-units 4096 --optimizer adam "
+             "--global-batch-size 64")
 
 
 def child_env(extra: dict | None = None, environ: dict | None = None) -> dict:
