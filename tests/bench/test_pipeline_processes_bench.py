@@ -36,6 +36,40 @@ def test_task_index_comes_from_tf_config_in_the_environ_block():
     environ = b"\0".join([b"PATH=/bin", b"TF_CONFIG=" + config.encode(), b"X=1"]) + b"\0"
     assert memory.task_index(environ) == 1
     assert memory.task_index(b"PATH=/bin\0") is None
+    # A horovodrun --gloo rank: its HOROVOD_RANK; TF_CONFIG wins where both are set.
+    assert memory.task_index(b"HOROVOD_RANK=3\0HOROVOD_SIZE=4\0") == 3
+    assert memory.task_index(b"HOROVOD_RANK=3\0" + environ) == 1
+
+
+@pytest.mark.integration
+def test_the_sampler_finds_tasks_below_a_middleman_nearest_first():
+    import subprocess
+    import sys
+    import time
+
+    # root -> sh -> python (HOROVOD_RANK=0) -> python (HOROVOD_RANK=0): horovodrun's shape,
+    # and a rank's own child holding the same variable.
+    code = ("import os, subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+            "time.sleep(30)")
+    root = subprocess.Popen(["sh", "-c", f"HOROVOD_RANK=0 {sys.executable} -c \"{code}\"; true"])
+    try:
+        sampler = memory.Sampler(root.pid, 2, 0.05)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(memory._descendants(root.pid)) < 2:
+            time.sleep(0.05)
+        sampler._find()
+        rank = next(p for p in memory._descendants(root.pid)
+                    if b"HOROVOD_RANK=0" in open(f"/proc/{p}/environ", "rb").read())
+        assert sampler.pids == {0: rank}  # the rank itself, not its child
+    finally:
+        for pid in memory._descendants(root.pid):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        root.kill()
+        root.wait()
 
 
 def test_peaks_until_a_time_keep_only_the_samples_before_it():

@@ -14,8 +14,10 @@ def test_expected_saving_is_the_state_the_most_loaded_worker_does_not_own():
     assert zero.expected_saving([10, 1, 1], 2) == 2  # worker 0 owns 10, worker 1 the rest
 
 
-@pytest.mark.parametrize("kw, message", [({"strategies": "horovod"}, "--strategies"),
-                                         ({"workers": 1}, "-n >= 2")])
+@pytest.mark.parametrize("kw, message", [
+    ({"strategies": "ps"}, "--strategies takes multi_worker, shm, horovod. Received: 'ps'"),
+    ({"workers": 1}, "-n >= 2"),
+    ({"strategies": "shm,horovod", "venv": "/nonexistent"}, "needs the Horovod venv")])
 def test_bad_flags_are_refused_before_anything_runs(kw, message):
     args = argparse.Namespace(**{"workers": 4, "strategies": "shm", **kw})
     with pytest.raises(SystemExit, match=message):

@@ -62,11 +62,15 @@ def parse_schedstat_wait_s(text: str) -> float:
 
 
 def task_index(environ: bytes) -> int | None:
-    """Pure function: the task index in a /proc/PID/environ's TF_CONFIG (None: no TF_CONFIG)."""
+    """Pure function: the task index in a /proc/PID/environ's TF_CONFIG, else its
+    HOROVOD_RANK (a `horovodrun --gloo` rank's), else None."""
+    rank = None
     for entry in environ.split(b"\0"):
         if entry.startswith(b"TF_CONFIG="):
             return int(json.loads(entry[len(b"TF_CONFIG="):])["task"]["index"])
-    return None
+        if entry.startswith(b"HOROVOD_RANK="):
+            rank = int(entry[len(b"HOROVOD_RANK="):])
+    return rank
 
 
 def peaks(samples: list[tuple], until: float | None = None) -> dict:
@@ -104,9 +108,9 @@ def between(samples: list[tuple], start: float, end: float, field: int = 3) -> f
     return None if lo is None or hi is None else hi - lo
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (a scan of /proc/*/stat)."""
-    out = []
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid`, nearest first (one scan of /proc/*/stat)."""
+    parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -116,8 +120,11 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
-            out.append(int(entry))
+        parents.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry))
+    out, level = [], [pid]
+    while level:
+        level = [child for parent in level for child in sorted(parents.get(parent, []))]
+        out += level
     return out
 
 
@@ -148,8 +155,10 @@ class Sampler:
 
     Args:
         root_pid: The process started (a worker itself, or `tfdist.launch`).
-        tasks: Workers to find: 1 means the root itself; N > 1 the root's
-            children, indexed by their TF_CONFIG task index.
+        tasks: Workers to find: 1 means the root itself; N > 1 the processes
+            under the root, indexed by their TF_CONFIG task index (`tfdist.launch`'s
+            children) or their HOROVOD_RANK (`horovodrun --gloo`'s ranks, a shell
+            and a Horovod middleman below it); the nearest one of each index.
         interval_s: Seconds between samples.
     """
 
@@ -171,7 +180,7 @@ class Sampler:
         self._thread.join()
 
     def _find(self) -> None:
-        for pid in _children(self.root_pid):
+        for pid in _descendants(self.root_pid):
             environ = _read(f"/proc/{pid}/environ", "rb")
             index = task_index(environ) if environ else None
             if index is not None:

@@ -161,15 +161,21 @@ def _parse_ints(text: str) -> list[int]:
 
 def _run(argv: list[str], tasks: int, timeout_s: float, interval_s: float, *,
          bind: str = "none", share: str | None = None, warmup: int = 1,
-         env: dict | None = None) -> dict:
+         env: dict | None = None, horovod_venv: str | None = None) -> dict:
     """One training job of `tasks` processes (1: no launcher); its result line and memory.
+
+    With `horovod_venv`, the tasks are `horovodrun --gloo` ranks of that venv's
+    Python instead of `tfdist.launch` workers.
 
     Raises:
         RuntimeError: when it fails or prints no result, with its output's tail.
     """
     model_dir = tempfile.mkdtemp(prefix="tfdist-bench-pp-")
     worker = [sys.executable, "-m", "tfdist.bench.train_worker", *argv, "--model-dir", model_dir]
-    if tasks > 1:
+    if horovod_venv:
+        cmd = runs.horovod_command(horovod_venv, tasks, "gloo", "tfdist.bench.train_worker",
+                                   [*argv, "--model-dir", model_dir], cpu_bind=bind)
+    elif tasks > 1:
         cmd = runs.launch_command(tasks, "tfdist.bench.train_worker",
                                   [*argv, "--model-dir", model_dir], timeout_s, cpu_bind=bind)
     elif share:

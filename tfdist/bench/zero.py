@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import statistics
 
-from tfdist.bench import memory
+from tfdist.bench import memory, runs
 from tfdist.bench.pipeline_processes import COMMON, _run
 
 DESCRIPTION = ("optimizer state sharded across workers (ZeRO-1): per-worker peak memory and "
@@ -23,6 +23,7 @@ DESCRIPTION = ("optimizer state sharded across workers (ZeRO-1): per-worker peak
 # 4 Dense 4096x4096 (and the 64-input first layer): 0.27 GB of weights, 0.54 GB of Adam state.
 MODEL = ("model_parallel_mlp --hidden-layers 5 --hidden-units 4096 --optimizer adam "
          "--global-batch-size 64")
+STRATEGIES = ("multi_worker", "shm", "horovod")
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1, "nadam": 2, "adamax": 2}
 TARGET_SAVED = 0.8  # #41: at least 0.8 x the state a worker no longer holds
 TARGET_STEP = 1.10  # #41: within 10% of the unsharded step
@@ -33,7 +34,11 @@ def add_arguments(parser) -> None:
     """Flags of this benchmark."""
     parser.add_argument("-n", "--workers", type=int, default=4)
     parser.add_argument("--strategies", default="multi_worker,shm",
-                        help="comma-separated: multi_worker and/or shm")
+                        help="comma-separated, of multi_worker, shm and horovod (horovodrun "
+                             "--gloo ranks of the Horovod venv: scripts/install_horovod.sh)")
+    parser.add_argument("--venv", default=None,
+                        help="the Horovod venv (default: $TFDIST_HOROVOD_VENV or "
+                             "~/.cache/tfdist/horovod-venv)")
     parser.add_argument("--model", default=MODEL, help="RECIPE [--key value ...]")
     parser.add_argument("--steps", type=int, default=8, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=2)
@@ -74,11 +79,17 @@ def _state_bytes(model_text: str) -> list[int]:
 def run(args) -> dict:
     """Runs every (strategy, sharded) pair `--repeats` times; returns per-worker figures."""
     strategies = [s for s in args.strategies.split(",") if s]
-    if not strategies or any(s not in ("multi_worker", "shm") for s in strategies):
-        raise SystemExit("error: --strategies takes multi_worker and/or shm. Received: "
+    if not strategies or any(s not in STRATEGIES for s in strategies):
+        raise SystemExit(f"error: --strategies takes {', '.join(STRATEGIES)}. Received: "
                          f"{args.strategies!r}.")
     if args.workers < 2:
         raise SystemExit(f"error: zero needs -n >= 2. Received: -n {args.workers}.")
+    venv = None
+    if "horovod" in strategies:
+        venv = runs.horovod_venv(getattr(args, "venv", None))
+        if venv is None:
+            raise SystemExit("error: --strategies horovod needs the Horovod venv. HINT: run "
+                             "scripts/install_horovod.sh, or pass --venv.")
     state = _state_bytes(args.model)
     saving = expected_saving(state, args.workers)
     base = [*shlex.split(args.model), *COMMON, "--steps-per-epoch", str(args.steps),
@@ -90,7 +101,8 @@ def run(args) -> dict:
                 argv = [*base, "--strategy", strategy,
                         *(["--shard-optimizer-state"] if sharded else [])]
                 tries[(strategy, sharded)].append(_run(
-                    argv, args.workers, args.timeout, args.interval_s, warmup=args.warmup))
+                    argv, args.workers, args.timeout, args.interval_s, warmup=args.warmup,
+                    horovod_venv=venv if strategy == "horovod" else None))
     rows = []
     for strategy in strategies:
         plain, sharded = tries[(strategy, False)], tries[(strategy, True)]

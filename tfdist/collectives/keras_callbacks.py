@@ -15,12 +15,41 @@ import numpy as np
 from tfdist.allreduce_optimizer import state_variables
 from tfdist.errors import CollectiveMismatchError
 
+# The most bytes of state one broadcast call carries. Every value passes through a
+# broadcast two to three times (this process's copy, the engine's tensor, the
+# result); sent all at once, a Horovod rank of 4 Dense 4096x4096 + Adam (771 MiB of
+# state) peaked 1.5 GB above its training level before the first step (3.78 GB
+# against 2.24), a group at a time it does not (docs/benchmarks.md, #41).
+BROADCAST_GROUP_BYTES = 64 << 20
+
+
+def byte_groups(sizes: list[int], limit: int) -> list[range]:
+    """Pure function: consecutive index ranges of `sizes`, each totalling at most
+    `limit` bytes, or one item alone where that item is larger."""
+    out, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > limit:
+            out.append(range(start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def nbytes(variable) -> int:
+    """A Keras or TensorFlow variable's bytes (its shape and dtype; every rank the same)."""
+    import tensorflow as tf
+
+    return int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
+
 
 def broadcast_state(model, optimizer, collectives, root: int = 0) -> None:
     """Sets the model's and optimizer's variables to rank `root`'s values.
 
     Builds the optimizer on the trainable variables first when needed, so its
-    slots exist (and are broadcast) on every rank.
+    slots exist (and are broadcast) on every rank. Sent a group of at most
+    BROADCAST_GROUP_BYTES at a time, so a rank holds no more than a group's copies.
 
     Args:
         model: A built Keras model.
@@ -29,10 +58,12 @@ def broadcast_state(model, optimizer, collectives, root: int = 0) -> None:
         root: The rank whose state wins.
     """
     variables = state_variables(model, optimizer)
-    values = collectives.broadcast(
-        [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in variables], root)
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    for group in byte_groups([nbytes(v) for v in variables], BROADCAST_GROUP_BYTES):
+        chosen = [variables[i] for i in group]  # one group's copies alive at a time
+        values = collectives.broadcast(
+            [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in chosen], root)
+        for variable, value in zip(chosen, values):
+            variable.assign(value)
 
 
 def check_same_names(names: list[str], collectives, what: str) -> None:

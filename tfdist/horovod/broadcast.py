@@ -20,12 +20,16 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     """
     import tensorflow as tf
 
+    from tfdist.collectives.keras_callbacks import BROADCAST_GROUP_BYTES, byte_groups, nbytes
     from tfdist.horovod.collectives import HorovodCollectives
 
-    values = HorovodCollectives().broadcast_tensors(
-        [tf.convert_to_tensor(getattr(v, "value", v)) for v in variables], root_rank)
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    variables = list(variables)
+    for group in byte_groups([nbytes(v) for v in variables], BROADCAST_GROUP_BYTES):
+        chosen = [variables[i] for i in group]  # one group's copies alive at a time
+        values = HorovodCollectives().broadcast_tensors(
+            [tf.convert_to_tensor(getattr(v, "value", v)) for v in chosen], root_rank)
+        for variable, value in zip(chosen, values):
+            variable.assign(value)
 
 
 def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
