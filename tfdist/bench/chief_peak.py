@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -199,11 +200,8 @@ def median_peaks(runs_: list[dict]) -> dict[int, int]:
     """Pure function: {task: median over the runs of its whole-run peak} (the upper
     median when the count is even)."""
     peaks = [_whole_run_peaks(jobs) for jobs in runs_]
-    out = {}
-    for t in sorted(set().union(*peaks)):
-        values = sorted(p[t] for p in peaks if t in p)
-        out[t] = values[len(values) // 2]
-    return out
+    return {t: statistics.median_high(p[t] for p in peaks if t in p)
+            for t in sorted(set().union(*peaks))}
 
 
 def measure(args) -> dict:
@@ -214,7 +212,7 @@ def measure(args) -> dict:
     units = args.chief_baseline_units
     small = narrowed(args.chief_model, units) if units > 0 else None  # refused before any job
     base_runs, big_runs = [], []
-    for r in range(args.chief_repeats):  # alternated: a load change falls on both alike
+    for _ in range(args.chief_repeats):  # alternated: a load change falls on both alike
         if small:
             base_runs.append(_two_jobs(args, small, "chief_peak_baseline"))
         big_runs.append(_two_jobs(args, args.chief_model, "chief_peak"))

@@ -44,6 +44,15 @@ def nbytes(variable) -> int:
     return int(np.prod(variable.shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
 
 
+def broadcast_groups(variables) -> list[list]:
+    """`variables` in consecutive groups of at most BROADCAST_GROUP_BYTES (`byte_groups`),
+    the same on every rank: broadcast one group at a time, so a rank holds no more
+    than a group's copies."""
+    variables = list(variables)
+    return [[variables[i] for i in group]
+            for group in byte_groups([nbytes(v) for v in variables], BROADCAST_GROUP_BYTES)]
+
+
 def broadcast_state(model, optimizer, collectives, root: int = 0) -> None:
     """Sets the model's and optimizer's variables to rank `root`'s values.
 
@@ -57,12 +66,10 @@ def broadcast_state(model, optimizer, collectives, root: int = 0) -> None:
         collectives: The engine's `HostCollectives`.
         root: The rank whose state wins.
     """
-    variables = state_variables(model, optimizer)
-    for group in byte_groups([nbytes(v) for v in variables], BROADCAST_GROUP_BYTES):
-        chosen = [variables[i] for i in group]  # one group's copies alive at a time
+    for group in broadcast_groups(state_variables(model, optimizer)):
         values = collectives.broadcast(
-            [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in chosen], root)
-        for variable, value in zip(chosen, values):
+            [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in group], root)
+        for variable, value in zip(group, values):
             variable.assign(value)
 
 

@@ -20,15 +20,13 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     """
     import tensorflow as tf
 
-    from tfdist.collectives.keras_callbacks import BROADCAST_GROUP_BYTES, byte_groups, nbytes
+    from tfdist.collectives.keras_callbacks import broadcast_groups
     from tfdist.horovod.collectives import HorovodCollectives
 
-    variables = list(variables)
-    for group in byte_groups([nbytes(v) for v in variables], BROADCAST_GROUP_BYTES):
-        chosen = [variables[i] for i in group]  # one group's copies alive at a time
+    for group in broadcast_groups(variables):
         values = HorovodCollectives().broadcast_tensors(
-            [tf.convert_to_tensor(getattr(v, "value", v)) for v in chosen], root_rank)
-        for variable, value in zip(chosen, values):
+            [tf.convert_to_tensor(getattr(v, "value", v)) for v in group], root_rank)
+        for variable, value in zip(group, values):
             variable.assign(value)
 
 

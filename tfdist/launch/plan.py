@@ -111,8 +111,9 @@ def describe_exit(code: int) -> str:
     wrapper reports it' for a Popen returncode."""
     if code < 0:
         return f"killed by {_signal_name(-code)}"
-    if wrapped_signal(code) is not None:
-        return f"exit code {code}: killed by {_signal_name(code - 128)}, as its wrapper reports it"
+    wrapped = wrapped_signal(code)
+    if wrapped is not None:
+        return f"exit code {code}: killed by {_signal_name(wrapped)}, as its wrapper reports it"
     return f"exit code {code}"
 
 
