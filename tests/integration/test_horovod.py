@@ -189,7 +189,7 @@ def test_optimizer_broadcast_callbacks_and_upstream_bugs(checks_job):
     names = ["average_eager", "average_custom_loop_tf_function", "op_sum", "fp16_compression",
              "backward_passes_per_step", "sparse_indexed_slices", "sparse_as_dense",
              "unwrapped_optimizer_diverges", "broadcast_state_resumed",
-             "broadcast_builds_unbuilt_optimizer", "metric_average", "warmup_uses_hvd_size",
+             "broadcast_variables_a_group_at_a_time", "broadcast_builds_unbuilt_optimizer", "metric_average", "warmup_uses_hvd_size",
              "saved_model_has_plain_optimizer", "loss_scale_agrees_on_overflow",
              "upstream_4290_broadcast_callback",
              "upstream_broadcast_variables", "upstream_optimizer_does_not_average"]

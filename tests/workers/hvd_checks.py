@@ -149,6 +149,23 @@ def broadcast_state_resumed():
 
 
 @check
+def broadcast_variables_a_group_at_a_time():
+    from tfdist.collectives import keras_callbacks
+
+    # Each rank its own values; a group per variable (16 bytes): every group still pairs.
+    variables = [tf.Variable(np.full([3], C + i, "float32")) for i in range(3)]
+    variables.append(keras.Variable(np.full([2, 2], C, "float32")))
+    limit, keras_callbacks.BROADCAST_GROUP_BYTES = keras_callbacks.BROADCAST_GROUP_BYTES, 16
+    try:
+        thvd.broadcast_variables(variables, root_rank=0)
+    finally:
+        keras_callbacks.BROADCAST_GROUP_BYTES = limit
+    for i, v in enumerate(variables[:3]):
+        np.testing.assert_array_equal(v.numpy(), np.full([3], 1.0 + i))
+    np.testing.assert_array_equal(np.asarray(variables[3].numpy()), np.ones([2, 2]))
+
+
+@check
 def broadcast_builds_unbuilt_optimizer():
     keras.utils.set_random_seed(200 + RANK)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])

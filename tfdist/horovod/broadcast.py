@@ -24,8 +24,9 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     from tfdist.horovod.collectives import HorovodCollectives
 
     for group in broadcast_groups(variables):
+        # Not `getattr(v, "value", v)`: a tf.Variable's `value` is a method.
         values = HorovodCollectives().broadcast_tensors(
-            [tf.convert_to_tensor(getattr(v, "value", v)) for v in group], root_rank)
+            [tf.convert_to_tensor(v) for v in group], root_rank)
         for variable, value in zip(group, values):
             variable.assign(value)
 
