@@ -10,9 +10,9 @@ backups, chief-only writes). So a recipe never builds a strategy, never
 batches or shards its data and never writes into the model dir itself.
 Import Keras and TensorFlow inside the functions: tfdist loads the recipe to
 check your flags before TensorFlow starts. Required: DEFAULTS, build_model,
-build_dataset. Optional: compile_kwargs, build_optimizer, callbacks,
-train_step, predict (delete the ones you do not need; tfdist's defaults take
-over).
+build_dataset, and compile_kwargs (the loss) unless train_step computes
+one. Optional: check_config, build_optimizer, callbacks, train_step, predict
+(delete the ones you do not need; tfdist's defaults take over).
 
 This one learns a noisy linear 4-class problem it generates (no download).
 """
@@ -33,6 +33,15 @@ DEFAULTS = dict(
     num_classes=4,
     hidden_units=Option(32, "units of the hidden layer", ge=1),
 )
+
+
+def check_config(cfg):
+    """Optional: checks of your options that need no TensorFlow (a data dir holds
+    its files, two sizes agree). tfdist runs it before TensorFlow starts and before
+    it writes anything; raise ConfigError, printed as one line (exit 2)."""
+    if cfg["num_classes"] < 2:
+        raise ConfigError(f"TEMPLATE: num_classes must be at least 2. "
+                          f"Received: {cfg['num_classes']}.")
 
 
 def build_model(cfg):

@@ -12,6 +12,9 @@ Launch:
     python -m tfdist.train digits_mlp --strategy mirrored --devices 2  # 2 replicas
     python -m tfdist.launch -n 2 -- python -m tfdist.train digits_mlp --strategy multi_worker
     python -m tfdist.launch --ps 1 --workers 2 -- python -m tfdist.train digits_mlp --strategy parameter_server
+
+Use the trained model: `python -m tfdist.predict runs/digits_mlp/single 0 1` prints the
+digit of held-out images 0 and 1 (an input may also be 64 comma-separated pixels in [0, 1]).
 """
 
 import os
@@ -50,6 +53,15 @@ def load_arrays(test_fraction=0.2, seed=0):
     return (x[train], y[train]), (x[test], y[test])
 
 
+def check_config(cfg):
+    """Before TensorFlow: a --data-dir holds both splits' TFRecord files."""
+    from tfdist import data
+
+    if cfg["data_dir"]:
+        for split in ("train", "test"):
+            data.tfrecord_files(cfg["data_dir"], split)
+
+
 def build_model(cfg):
     import keras
 
@@ -64,6 +76,14 @@ def compile_kwargs(cfg):
 
     return dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"])
+
+
+def predict(model, inputs, cfg):
+    """`python -m tfdist.predict`: the digit of each input, a held-out image's index
+    (printed with its label) or 64 comma-separated pixel values in [0, 1]."""
+    from tfdist.predict import classify
+
+    return classify(model, inputs, load_arrays(cfg["test_fraction"])[1], "digits_mlp")
 
 
 def _parse(record):
@@ -90,11 +110,17 @@ def build_dataset(cfg, split):
 
 
 def write_tfrecords(data_dir, num_files=4, test_fraction=0.2):
-    """Writes the digits as `num_files` TFRecord shards per split."""
+    """Writes the digits as `num_files` TFRecord shards per split.
+
+    Returns:
+        {split: number of examples written}.
+    """
     import tensorflow as tf
 
     os.makedirs(data_dir, exist_ok=True)
+    written = {}
     for split, (x, y) in zip(("train", "test"), load_arrays(test_fraction)):
+        written[split] = len(x)
         for shard in range(num_files):
             path = os.path.join(data_dir, f"{split}-{shard:05d}-of-{num_files:05d}.tfrecord")
             with tf.io.TFRecordWriter(path) as writer:
@@ -104,9 +130,15 @@ def write_tfrecords(data_dir, num_files=4, test_fraction=0.2):
                         "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[yi]))}
                     writer.write(tf.train.Example(
                         features=tf.train.Features(feature=feature)).SerializeToString())
+    return written
 
 
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: python recipes/digits_mlp.py DATA_DIR [NUM_FILES]")
-    write_tfrecords(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 4)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    num_files = int(sys.argv[2]) if len(sys.argv) == 3 else 4
+    counts = write_tfrecords(sys.argv[1], num_files)
+    print(f"wrote {counts['train']} train and {counts['test']} test digits to {sys.argv[1]} "
+          f"({num_files} files per split: train-*.tfrecord, test-*.tfrecord); train on them "
+          f"with: python -m tfdist.train digits_mlp --data-dir {sys.argv[1]}")

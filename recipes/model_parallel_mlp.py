@@ -50,6 +50,15 @@ def compile_kwargs(cfg):
                 metrics=["accuracy"])
 
 
+def predict(model, inputs, cfg):
+    """`python -m tfdist.predict`: as digits_mlp's (a held-out index or 64 pixels)."""
+    from digits_mlp import load_arrays
+
+    from tfdist.predict import classify
+
+    return classify(model, inputs, load_arrays(cfg["test_fraction"])[1], "model_parallel_mlp")
+
+
 def build_dataset(cfg, split):
     import tensorflow as tf
 

@@ -66,10 +66,22 @@ def compile_kwargs(cfg):
                 metrics=["accuracy"])
 
 
+def split_arrays(cfg, split):
+    """The examples of "train" or "test" (a held-out 1/8, at least 64), as arrays."""
+    n = cfg["num_examples"] if split == "train" else max(cfg["num_examples"] // 8, 64)
+    return make_arrays(n, cfg["num_classes"], cfg["image_size"], cfg["noise"],
+                       seed=0 if split == "train" else 1)
+
+
+def predict(model, inputs, cfg):
+    """`python -m tfdist.predict`: the class of a held-out example (its index) or of one
+    example given as comma-separated numbers."""
+    from tfdist.predict import classify
+
+    return classify(model, inputs, split_arrays(cfg, "test"), "synthetic_cnn")
+
+
 def build_dataset(cfg, split):
     import tensorflow as tf
 
-    n = cfg["num_examples"] if split == "train" else max(cfg["num_examples"] // 8, 64)
-    x, y = make_arrays(n, cfg["num_classes"], cfg["image_size"], cfg["noise"],
-                       seed=0 if split == "train" else 1)
-    return tf.data.Dataset.from_tensor_slices((x, y))
+    return tf.data.Dataset.from_tensor_slices(split_arrays(cfg, split))

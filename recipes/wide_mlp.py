@@ -54,9 +54,21 @@ def compile_kwargs(cfg):
                 metrics=["accuracy"])
 
 
+def split_arrays(cfg, split):
+    """The examples of "train" or "test" (a held-out 1/8, at least 128), as arrays."""
+    n = cfg["num_examples"] if split == "train" else max(cfg["num_examples"] // 8, 128)
+    return make_arrays(n, cfg["input_dim"], cfg["num_classes"], seed=0 if split == "train" else 1)
+
+
+def predict(model, inputs, cfg):
+    """`python -m tfdist.predict`: the class of a held-out example (its index) or of one
+    example given as comma-separated numbers."""
+    from tfdist.predict import classify
+
+    return classify(model, inputs, split_arrays(cfg, "test"), "wide_mlp")
+
+
 def build_dataset(cfg, split):
     import tensorflow as tf
 
-    n = cfg["num_examples"] if split == "train" else max(cfg["num_examples"] // 8, 128)
-    x, y = make_arrays(n, cfg["input_dim"], cfg["num_classes"], seed=0 if split == "train" else 1)
-    return tf.data.Dataset.from_tensor_slices((x, y))
+    return tf.data.Dataset.from_tensor_slices(split_arrays(cfg, split))

@@ -52,6 +52,14 @@ def test_fit_run_steps_then_a_second_run_resumes_from_the_first(tmp_path):
     assert result.metrics["global_step"] == 3 and result.metrics["strategy"] == "single"
     assert json.load(open(os.path.join(model_dir, "metrics.json")))["global_step"] == 3
     assert os.path.exists(os.path.join(model_dir, "model.keras"))
+    # `python -m tfdist.predict RUN_DIR 0 5`, the main job's use: the digit of held-out
+    # images 0 and 5, as the trained model's argmax.
+    from tfdist import predict
+    x, y = recipe_lib.load("digits_mlp").load_arrays()[1]
+    expected = np.argmax(first.model.predict(x[[0, 5]], verbose=0), axis=1)
+    assert predict.predict(model_dir, ["0", "5"]) == [
+        f"{expected[0]} (held-out example 0, labelled {y[0]})",
+        f"{expected[1]} (held-out example 5, labelled {y[5]})"]
 
     second = _run(model_dir, epochs=2)
     with second.writer.claim(lambda m: None):

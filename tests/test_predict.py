@@ -41,10 +41,44 @@ def test_a_run_without_model_keras_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_a_recipe_without_predict_is_one_line_and_exit_2(tmp_path, capsys):
-    run = _run_dir(tmp_path, metrics={"recipe": "digits_mlp", "config": {}})
+    own = tmp_path / "no_predict.py"
+    own.write_text("DEFAULTS = {}\ndef build_model(cfg): pass\ndef build_dataset(cfg, split): pass\n")
+    run = _run_dir(tmp_path, metrics={"recipe": "no_predict", "recipe_file": str(own),
+                                      "config": {}})
     err = _error(capsys, [run, "1"])
-    assert "digits_mlp.py: has no predict(model, inputs, cfg)" in err
+    assert "no_predict.py: has no predict(model, inputs, cfg)" in err
     assert "recipes/TEMPLATE.py" in err
+
+
+def test_every_shipped_recipe_has_predict():
+    from tfdist import recipe as recipe_lib
+
+    missing = [n for n in recipe_lib.available() if not callable(
+        getattr(recipe_lib.load(n), "predict", None))]
+    assert not missing, f"shipped recipes without predict(): {missing}"
+
+
+class _Argmax:
+    """A stand-in classifier: the class is the index of the largest value."""
+
+    def predict(self, x, verbose=0):
+        return x.reshape(len(x), -1)
+
+
+def test_classify_reads_a_held_out_index_or_one_example():
+    x = np.eye(3, dtype="float32")[[2, 0, 1]].reshape(3, 3)
+    y = np.array([2, 0, 1])
+    assert predict.classify(_Argmax(), ["0", "2", "0,5,1"], (x, y), "toy") == [
+        "2 (held-out example 0, labelled 2)", "1 (held-out example 2, labelled 1)", "1"]
+
+
+@pytest.mark.parametrize("text", ["3", "x", "1,2", "1,2,3,4", "-1"])
+def test_classify_refuses_other_inputs_saying_how_to_pass_one(text):
+    x, y = np.zeros((3, 3), "float32"), np.zeros(3)
+    with pytest.raises(predict.ConfigError) as e:
+        predict.classify(_Argmax(), [text], (x, y), "toy")
+    assert str(e.value) == (f"toy: an input is the index of a held-out example (0 to 2) or one "
+                            f"example as 3 comma-separated numbers. Received: {text!r}.")
 
 
 def test_help_exits_0(capsys):

@@ -79,6 +79,49 @@ def test_fit_only_hooks_are_refused_for_parameter_server():
 GOOD = "def build_model(cfg): pass\ndef build_dataset(cfg, split): pass\n"
 
 
+def test_a_recipe_without_a_loss_is_refused_naming_compile_kwargs(tmp_path):
+    path = tmp_path / "no_loss.py"
+    path.write_text("DEFAULTS = {}\n" + GOOD)
+    no_loss = recipe.load(str(path))
+    with pytest.raises(ConfigError) as e:
+        recipe.check_loss(no_loss)
+    assert str(e.value) == (f"recipe {path}: defines no compile_kwargs(cfg), so training has "
+                            "no loss. Define compile_kwargs(cfg) returning dict(loss=..., "
+                            "metrics=[...]) (see recipes/TEMPLATE.py), or train_step(model, "
+                            "data).")
+    no_loss.train_step = lambda model, data: {}  # computes its own loss
+    recipe.check_loss(no_loss)
+    # compile_kwargs that return no loss: refused too; loss=None said explicitly is a
+    # model whose add_loss is its loss.
+    no_loss = recipe.load(str(path))
+    no_loss.compile_kwargs = lambda cfg: {"metrics": ["accuracy"]}
+    recipe.check_loss(no_loss)
+    with pytest.raises(ConfigError, match=r"compile_kwargs\(cfg\) returned no 'loss', so "
+                                          r"training has none\. Received: keys \['metrics'\]"):
+        recipe.compile_kwargs(no_loss, {})
+    no_loss.compile_kwargs = lambda cfg: {"loss": None}
+    assert recipe.compile_kwargs(no_loss, {}) == {"loss": None}
+
+
+def test_a_recipes_check_config_runs_as_a_config_error(tmp_path):
+    digits = recipe.load("digits_mlp")
+    recipe.check_config(digits, {**digits.DEFAULTS, "data_dir": ""})  # scikit-learn's copy
+    with pytest.raises(ConfigError, match=r"data_dir='/no/such/dir' is not a directory"):
+        recipe.check_config(digits, {**digits.DEFAULTS, "data_dir": "/no/such/dir"})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"has no 'train-\*\.tfrecord' files"):
+        recipe.check_config(digits, {**digits.DEFAULTS, "data_dir": str(empty)})
+    template = recipe.load("TEMPLATE")
+    with pytest.raises(ConfigError, match="TEMPLATE: num_classes must be at least 2"):
+        recipe.check_config(template, {**template.DEFAULTS, "num_classes": 1})
+    path = tmp_path / "plain.py"
+    path.write_text("DEFAULTS = {}\n" + GOOD + "def check_config(cfg):\n"
+                    "    raise ValueError('size must be even')\n")
+    with pytest.raises(ConfigError, match=rf"recipe {path}: size must be even"):
+        recipe.check_config(recipe.load(str(path)), {})
+
+
 @pytest.mark.parametrize("source, message", [
     ("DEFAULTS = {\n  'a': 1,,\n}\n" + GOOD, r"recipe {f}: syntax error at line 2: invalid syntax\."),
     ("import no_such_module_xyz\nDEFAULTS = {}\n" + GOOD,
@@ -163,6 +206,9 @@ def test_bad_recipe_returns_are_named_errors(tmp_path):
     cases.append(("optimizer", dict(compile_kwargs="dict(base.compile_kwargs(cfg), "
                                                    "optimizer='adam')"),
                   "compile_kwargs(cfg) returned an 'optimizer'; tfdist compiles with the optimizer"))
+    cases.append(("no_loss", dict(compile_kwargs="dict(metrics=['accuracy'])"),
+                  "compile_kwargs(cfg) returned no 'loss', so training has none. Received: "
+                  "keys ['metrics']."))
     cases.append(("not_model", dict(build_model="lambda cfg: 'a model'"),
                   "build_model(cfg) must return a keras.Model. Received: str."))
     paths = []
@@ -186,3 +232,4 @@ def test_bad_recipe_returns_are_named_errors(tmp_path):
         assert code == "2", (name, err[-2000:])
         assert f"error: recipe {path}: " in err and message in err, (name, err[-2000:])
         assert "Traceback" not in err, (name, err[-2000:])
+        assert not os.path.exists(path + ".out"), name  # no backup/, no lock left behind

@@ -1,8 +1,10 @@
 """`python -m tfdist.train` input errors: one clear message, exit 2, before TensorFlow."""
 
+import os
+
 import pytest
 
-from tests.conftest import clean_env, run_py
+from tests.conftest import REPO, clean_env, run_py
 
 # Every test here runs the CLI in its own interpreter.
 pytestmark = pytest.mark.integration
@@ -25,6 +27,9 @@ PROBE = ("import sys; from tfdist.train import main; rc = main(sys.argv[1:]); "
                                "Received: --lr-scaling 'cube'."),
     (["digits_mlp", "--warmup-epochs", "1"],
      "--warmup-epochs 1.0 with --strategy single. Use --warmup-steps N"),
+    # The recipe's own check_config, before TensorFlow (#48: found only after it started).
+    (["digits_mlp", "--data-dir", "/no/such/dir"],
+     "error: data_dir='/no/such/dir' is not a directory. Pass the one that holds the "),
 ])
 def test_bad_input_fails_before_tensorflow(argv, message):
     proc = run_py(["-c", PROBE, *argv], timeout=60)
@@ -32,6 +37,21 @@ def test_bad_input_fails_before_tensorflow(argv, message):
     assert message in proc.stderr
     assert proc.stderr.count("error:") == 1
     assert "TF_IMPORTED=False" in proc.stdout
+
+
+def test_a_recipe_without_a_loss_is_refused_before_tensorflow_leaving_nothing(tmp_path):
+    own = tmp_path / "no_loss.py"
+    own.write_text("import sys; sys.path.insert(0, %r)\n"
+                   "from digits_mlp import DEFAULTS, build_model, build_dataset\n"
+                   % os.path.join(REPO, "recipes"))
+    proc = run_py(["-c", PROBE, str(own)], timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: recipe {own}: defines no compile_kwargs(cfg), so training "
+                           "has no loss. Define compile_kwargs(cfg) returning dict(loss=..., "
+                           "metrics=[...]) (see recipes/TEMPLATE.py), or train_step(model, "
+                           "data).\n")
+    assert "TF_IMPORTED=False" in proc.stdout
+    assert sorted(os.listdir(tmp_path)) == ["no_loss.py"]  # no runs/, no lock, no backup/
 
 
 def test_bad_tf_config_exits_3_with_hint():

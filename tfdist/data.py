@@ -124,7 +124,8 @@ def tfrecord_files(data_dir: str, split: str) -> list[str]:
         ConfigError: when the directory has no such files.
     """
     if not os.path.isdir(data_dir):
-        raise ConfigError(f"data_dir={data_dir!r} is not a directory.")
+        raise ConfigError(f"data_dir={data_dir!r} is not a directory. Pass the one that "
+                          "holds the train-*.tfrecord and test-*.tfrecord files.")
     files = sorted(os.path.join(data_dir, f) for f in os.listdir(data_dir)
                    if f.startswith(f"{split}-") and f.endswith(".tfrecord"))
     if not files:

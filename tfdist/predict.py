@@ -1,5 +1,7 @@
 """`python -m tfdist.predict RUN_DIR INPUT...`: use a trained model, one result per input.
 
+    python -m tfdist.train                                        # the main job, digits_mlp
+    python -m tfdist.predict runs/digits_mlp/single 0                # 6 (held-out example 0, labelled 6)
     python -m tfdist.train numbers_to_words
     python -m tfdist.predict runs/numbers_to_words/single 305 42     # three zero five / four two
 
@@ -167,17 +169,65 @@ def predict(run_dir: str, inputs: list[str], recipe_override: str | None = None)
     return [str(r) for r in results]
 
 
+def classify(model, inputs: list[str], held_out, name: str) -> list[str]:
+    """A classifier recipe's `predict`: the class of each input, as a printable line.
+
+    An input is either the index of a held-out (test split) example, printed with its
+    label (`7 (held-out example 3, labelled 7)`), or the example itself as
+    comma-separated numbers (as many as one example has values), printed as its class.
+
+    Args:
+        model: The run's model (logits or probabilities last).
+        inputs: The INPUT strings as typed.
+        held_out: (x, y) arrays of the recipe's test split.
+        name: The recipe's name, for the refusal.
+
+    Raises:
+        ConfigError: for an input that is neither, saying how to pass one.
+    """
+    import numpy as np
+
+    x, y = held_out
+    size = int(np.prod(x.shape[1:]))
+    rows, labels = [], []
+    for text in inputs:
+        text = str(text).strip()
+        if text.isascii() and text.isdigit() and int(text) < len(x):
+            rows.append(x[int(text)])
+            labels.append((int(text), int(y[int(text)])))
+            continue
+        try:
+            row = np.array([float(v) for v in text.split(",")], dtype=x.dtype)
+        except ValueError:
+            row = np.zeros(0)
+        if row.size != size or "," not in text:
+            raise ConfigError(
+                f"{name}: an input is the index of a held-out example (0 to {len(x) - 1}) "
+                f"or one example as {size} comma-separated numbers. Received: {text[:60]!r}.")
+        rows.append(row.reshape(x.shape[1:]))
+        labels.append(None)
+    logits = model.predict(np.stack(rows), verbose=0)
+    out = []
+    for c, label in zip(np.argmax(logits, axis=-1), labels):
+        out.append(str(int(c)) if label is None
+                   else f"{int(c)} (held-out example {label[0]}, labelled {label[1]})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m tfdist.predict",
         description="Run a trained model on inputs: the recipe's predict(model, inputs, cfg) "
                     "on RUN_DIR/model.keras, one line per input.",
-        epilog="example: python -m tfdist.predict runs/numbers_to_words/single 305 42")
+        epilog="examples: python -m tfdist.predict runs/digits_mlp/single 0 1 (the main job: "
+               "the digit of held-out images 0 and 1); python -m tfdist.predict "
+               "runs/numbers_to_words/single 305 42")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the model dir of a finished run")
     parser.add_argument("inputs", metavar="INPUT", nargs="+",
                         help="what to predict for, as the recipe reads it (numbers_to_words: "
-                             "an integer)")
+                             "an integer; the classifiers (digits_mlp, ...): the index of a "
+                             "held-out example, or one example as comma-separated numbers)")
     parser.add_argument("--recipe", default=None,
                         help="the recipe's name or file, when not where the run recorded it")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -8,8 +8,11 @@ A recipe is a small Python module with:
 * ``build_model(cfg)``: an uncompiled Keras model;
 * ``build_dataset(cfg, split)``: unbatched (x, y) examples for "train" or
   "test", as a `tf.data.Dataset` or a `tfdist.data.Source`;
-* optionally ``compile_kwargs(cfg)``: loss and metrics for `model.compile`
-  (no optimizer: see build_optimizer);
+* optionally ``check_config(cfg)``: the recipe's own checks of its options
+  that need no TensorFlow (a data dir holds its files, sizes agree); raises
+  ConfigError, before TensorFlow starts and before anything is written;
+* ``compile_kwargs(cfg)``: loss and metrics for `model.compile` (no optimizer:
+  see build_optimizer); required unless the recipe has its own train_step;
 * optionally ``build_optimizer(cfg, learning_rate)``: the Keras optimizer
   (default: `tfdist.optim.build_optimizer`, from --optimizer, --momentum,
   --clipnorm, --accumulate, --warmup-steps); `learning_rate` is already
@@ -49,7 +52,8 @@ from tfdist.errors import ConfigError
 from tfdist.option import Option
 
 REQUIRED = ("DEFAULTS", "build_model", "build_dataset")
-OPTIONAL_FUNCTIONS = ("compile_kwargs", "build_optimizer", "callbacks", "train_step", "predict")
+OPTIONAL_FUNCTIONS = ("check_config", "compile_kwargs", "build_optimizer", "callbacks",
+                      "train_step", "predict")
 
 
 def _shipped_dir(package: str) -> str:
@@ -170,12 +174,47 @@ def _where(recipe) -> str:
     return f"recipe {getattr(recipe, 'RECIPE_FILE', getattr(recipe, 'RECIPE_NAME', '?'))}"
 
 
+def check_config(recipe: ModuleType, cfg: dict) -> None:
+    """The recipe's `check_config(cfg)`, if it has one (before TensorFlow).
+
+    Raises:
+        ConfigError: the recipe's own, or its ValueError as one, naming the recipe.
+    """
+    if not hasattr(recipe, "check_config"):
+        return
+    try:
+        recipe.check_config(cfg)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"{_where(recipe)}: {e}") from None
+
+
+def check_loss(recipe: ModuleType) -> None:
+    """Refuses, before TensorFlow, a recipe that gives training no loss.
+
+    Training needs `compile_kwargs(cfg)` (its `loss`) or a `train_step` of the
+    recipe's own; without either, Keras's fit fails at its first step ("No loss
+    to compute"), or trains a regularizer's penalty alone and exits 0.
+
+    Raises:
+        ConfigError: naming compile_kwargs and what to define.
+    """
+    if not hasattr(recipe, "compile_kwargs") and not hasattr(recipe, "train_step"):
+        raise ConfigError(f"{_where(recipe)}: defines no compile_kwargs(cfg), so training "
+                          "has no loss. Define compile_kwargs(cfg) returning "
+                          "dict(loss=..., metrics=[...]) (see recipes/TEMPLATE.py), or "
+                          "train_step(model, data).")
+
+
 def compile_kwargs(recipe: ModuleType, cfg: dict) -> dict:
     """The recipe's loss and metrics for `model.compile` ({} when it defines none).
 
     Raises:
-        ConfigError: when compile_kwargs returns something other than a dict,
-            or a dict with an optimizer (tfdist builds and wraps the optimizer).
+        ConfigError: when compile_kwargs returns something other than a dict, a
+            dict without a loss (and the recipe has no train_step of its own:
+            `check_loss`), or a dict with an optimizer (tfdist builds and wraps
+            the optimizer).
     """
     if not hasattr(recipe, "compile_kwargs"):
         return {}
@@ -183,6 +222,11 @@ def compile_kwargs(recipe: ModuleType, cfg: dict) -> dict:
     if not isinstance(kwargs, dict):
         raise ConfigError(f"{_where(recipe)}: compile_kwargs(cfg) must return a dict of "
                           f"model.compile arguments. Received: {type(kwargs).__name__}.")
+    if "loss" not in kwargs and not hasattr(recipe, "train_step"):
+        # loss=None, said explicitly, is a model that adds its own losses (add_loss).
+        raise ConfigError(f"{_where(recipe)}: compile_kwargs(cfg) returned no 'loss', so "
+                          f"training has none. Received: keys {sorted(kwargs)}. Add "
+                          "loss=... (loss=None for a model whose own add_loss is its loss).")
     if "optimizer" in kwargs:
         raise ConfigError(f"{_where(recipe)}: compile_kwargs(cfg) returned an 'optimizer'; "
                           "tfdist compiles with the optimizer (it wraps it for the strategy). "

@@ -187,6 +187,8 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         if found.finished:
             _log(cluster, f"{model_dir} already finished ({found.epochs_done} epochs), nothing "
                           f"to do. Pass --epochs N (N > {found.epochs_done}) to train it "
+    recipe_lib.check_loss(recipe)
+    recipe_lib.check_config(recipe, cfg)
                           "further, or --no-resume to start over.")
             return Result(model=None, metrics=_read_metrics(model_dir), strategy=None,
                           cluster=cluster)
