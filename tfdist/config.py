@@ -123,6 +123,53 @@ for _name, _option in OPTIONS.items():
     _option.strategies = accepting(_name)
     _option.refused_by = refused_by(_name)
 
+# The rerun rule: which options a rerun in the same model dir may change (docs/options.md,
+# "Reruns"; `--help` prints RERUN_RULE). A model dir holds one run. The options
+# that define what it computes (the model and the recipe's own options, the data,
+# the batch, the optimizer and learning rate, precision, seed, the strategy and its
+# layout) make another run: a dir of its own (the default dir is named from the
+# strategy and layout) or, on the same dir, a refusal naming each difference
+# (`tfdist.run.run_dir.differences`). The options below only say how the run is
+# driven, saved, watched or held in memory, so a rerun may change them; they are
+# not recorded in backups (`run_dir.run_config`), nor are the instruments'.
+RERUN_FREE: dict[str, str] = {
+    # control: how far it trains and how it is backed up (--epochs extends a run)
+    **dict.fromkeys(("epochs", "steps_per_epoch", "resume", "rescale_lr_on_batch_change",
+                     "keep", "save_every_steps", "preempt_check_steps", "model_dir"),
+                    "control"),
+    # output: the forms the run's files are written in
+    **dict.fromkeys(("final_weights", "csv_log", "tensorboard", "status_file"), "output"),
+    # logging: what is printed
+    **dict.fromkeys(("verbose", "tf_logs"), "logging"),
+    # memory and speed: where state lives, threads, collectives and timeouts (the same math)
+    **dict.fromkeys(("shard_optimizer_state", "threads", "inter_op_threads", "deterministic",
+                     "collective", "collective_timeout_s", "startup_timeout_s", "bucket_mb"),
+                    "memory"),
+}
+# The layout: how a synchronous run's math is spread over devices and processes. It
+# defines the run (the default dir is named from it), but a run may move between
+# synchronous layouts with --model-dir (the same math: `run_dir.DATA_PARALLEL`).
+LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
+                    "tensor_parallel", "virtual_stages"})
+RERUN_RULE = (
+    "Rerunning a command on its model dir resumes its run (a finished one has nothing to "
+    "do). Options that define the run (model and recipe options, data, batch, optimizer, "
+    "learning rate, precision, seed, strategy and layout) make another run: its own dir, or "
+    "a refusal on the same dir. Output forms (--final-weights, --csv-log, --tensorboard, "
+    "--status-file), logging (--verbose, --tf-logs), memory and speed options "
+    "(--shard-optimizer-state, --threads, --inter-op-threads, --bucket-mb, collectives and "
+    "timeouts) and run control (--epochs, --keep, --save-every-steps, ...) may change on a "
+    "rerun; on a finished run another --final-weights form is written from its last "
+    "backup, and a memory or speed option is said to have nothing to act on.")
+
+
+def rerun_may_change(key: str) -> bool:
+    """Pure function: whether a rerun in the same model dir may change option `key`
+    (`RERUN_FREE`); every other option defines the run. Instruments' options (the
+    benchmarks') never define it."""
+    return key in RERUN_FREE or key in instruments.options()
+
+
 # The defaults as a plain dict, for code that reads them.
 FRAMEWORK_DEFAULTS: dict[str, Any] = {name: o.default for name, o in OPTIONS.items()}
 
@@ -299,8 +346,9 @@ def for_script(strategy: str, given: Mapping[str, Any]) -> Config:
                               f"{', '.join(SCRIPT_OPTIONS)} (their meaning: python -m "
                               "tfdist.train --help).")
     # None leaves an option at its default (a script's own `--devices` unset, say).
-    values = {k: allowed[k].check(v, context) for k, v in given.items() if v is not None}
-    values["strategy"] = OPTIONS["strategy"].check(strategy, context)
+    values = {k: allowed[k].check(v, context, keyword=True) for k, v in given.items()
+              if v is not None}
+    values["strategy"] = OPTIONS["strategy"].check(strategy, context, keyword=True)
     # A default passed on (a script that forwards every option) is not a choice the
     # strategy must honour; a value that differs is checked as a flag would be.
     return Config({**FRAMEWORK_DEFAULTS, **values}, OPTIONS,

@@ -86,12 +86,14 @@ class Option:
                               f"Received: {flag(self.name)} {raw!r}.")
         return self.check(value)
 
-    def check(self, value: Any, where: str = "") -> Any:
+    def check(self, value: Any, where: str = "", keyword: bool = False) -> Any:
         """Validates a typed value; returns it (an int default accepts floats' ints).
 
         Args:
             value: The value.
             where: Who set it, for the message (e.g. "recipe digits_mlp sets ...").
+            keyword: Name it as a keyword argument (`strategy='mirror'`, for
+                `tfdist.setup()`), not as a flag (`--strategy 'mirror'`).
 
         Raises:
             ConfigError: naming the option, the value and what is allowed.
@@ -100,27 +102,29 @@ class Option:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:
-            raise self._error(value, f"must be {_a(kind)}, not {type(value).__name__}", where)
+            raise self._error(value, f"must be {_a(kind)}, not {type(value).__name__}", where, keyword)
         if kind in (int, float):
             if kind is float and not math.isfinite(value):
-                raise self._error(value, "must be a finite number", where)
+                raise self._error(value, "must be a finite number", where, keyword)
             if kind is int and abs(value) > INT_LIMIT:
-                raise self._error(value, f"must be at most {INT_LIMIT} in size", where)
+                raise self._error(value, f"must be at most {INT_LIMIT} in size", where, keyword)
             for bound, ok, word in ((self.ge, lambda b: value >= b, ">="),
                                     (self.gt, lambda b: value > b, ">"),
                                     (self.le, lambda b: value <= b, "<="),
                                     (self.lt, lambda b: value < b, "<")):
                 if bound is not None and not ok(bound):
-                    raise self._error(value, f"must be {word} {_num(bound)}", where)
+                    raise self._error(value, f"must be {word} {_num(bound)}", where, keyword)
         if self.choices is not None and value not in self.choices:
             valid = ", ".join(str(c) for c in self.choices)
-            raise self._error(value, f"must be one of {valid}", where)
+            raise self._error(value, f"must be one of {valid}", where, keyword)
         return value
 
-    def _error(self, value, rule: str, where: str) -> ConfigError:
+    def _error(self, value, rule: str, where: str, keyword: bool = False) -> ConfigError:
         shown = _num(value)
         who = f"{where}: " if where else ""
         note = f" {self.note}" if self.note else ""
+        if keyword:
+            return ConfigError(f"{who}{self.name} {rule}. Received: {self.name}={shown}.{note}")
         return ConfigError(f"{who}{flag(self.name)} {rule}. Received: {flag(self.name)} "
                            f"{shown}.{note}")
 

@@ -105,6 +105,21 @@ def test_an_old_setup_keyword_is_named_by_its_declaration():
         config.for_script("auto", {"timeout_s": 5})
 
 
+def test_setup_names_its_arguments_as_keywords_not_flags():
+    """#48: `tfdist.setup('mirror')` was refused as `--strategy 'mirror'`."""
+    import pytest
+
+    from tfdist.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        config.for_script("mirror", {})
+    assert str(e.value).startswith("tfdist.setup(): strategy must be one of auto, single, "
+                                   "mirrored, ")
+    assert str(e.value).endswith(". Received: strategy='mirror'.") and "--" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"Received: devices='2'\.$"):
+        config.for_script("mirrored", {"devices": "2"})
+
+
 def test_setup_takes_the_pipelines_schedule_options_as_the_command_line_does():
     """`tfdist.setup(virtual_stages=..., schedule="auto", balance="time")`: #42's fields."""
     import pytest
@@ -117,7 +132,8 @@ def test_setup_takes_the_pipelines_schedule_options_as_the_command_line_does():
     config.check_strategy(cfg, "pipeline", {"pipeline"})
     auto = config.for_script("pipeline", {"schedule": "auto", "balance": "time"}).typed.adapter
     assert (auto.schedule, auto.balance) == ("auto", "time")
-    with pytest.raises(ConfigError, match="--virtual-stages must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^tfdist.setup\(\): virtual_stages must be >= 1\. "
+                                          r"Received: virtual_stages=0\.$"):
         config.for_script("pipeline", {"virtual_stages": 0})
     with pytest.raises(ConfigError, match="balance"):
         config.for_script("pipeline", {"balance": "layers"})
