@@ -17,6 +17,14 @@ def test_missing_horovod_venv_is_reported_with_the_install_hint(tmp_path):
     report = env.horovod_report(str(tmp_path / "nowhere"))
     assert report["venv"] == str(tmp_path / "nowhere")
     assert "not found: run scripts/install_horovod.sh" in report["venv_status"]
+    # #48: a venv that exists without Horovod in it (a failed build) says so.
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("#!/bin/sh\n")
+    (bin_dir / "python").chmod(0o755)
+    assert env.horovod_report(str(tmp_path / "venv"))["venv_status"] == (
+        "exists without Horovod (no bin/horovodrun): run scripts/install_horovod.sh (or set "
+        "TFDIST_HOROVOD_VENV)")
 
 
 def test_render_is_indented_key_value_lines():

@@ -57,7 +57,11 @@ def horovod_report(venv: str) -> dict:
                  "venv": venv}
     python = os.path.join(venv, "bin", "python")
     if not os.access(os.path.join(venv, "bin", "horovodrun"), os.X_OK):
-        out["venv_status"] = "not found: run scripts/install_horovod.sh (or set TFDIST_HOROVOD_VENV)"
+        # A venv without Horovod in it (an interrupted or failed build) is not "not found".
+        found = ("exists without Horovod (no bin/horovodrun)" if os.access(python, os.X_OK)
+                 else "not found")
+        out["venv_status"] = (f"{found}: run scripts/install_horovod.sh (or set "
+                              "TFDIST_HOROVOD_VENV)")
         return out
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("PYTHONPATH", None)  # the venv's own packages, not this checkout's
