@@ -69,3 +69,14 @@ def test_the_link_check_finds_a_broken_link():
                                                                         "http://e"]
     assert _anchor("Stages in processes of their own") == "stages-in-processes-of-their-own"
     assert _anchor("## From the README: overhead".lstrip("# ")) == "from-the-readme-overhead"
+
+
+def test_own_script_md_names_every_public_member_of_distributed():
+    """#48: `dist.model()` and `dist.compile_kwargs()` were missing from the list."""
+    from tfdist.distributed import Distributed
+
+    text = _text("docs/own_script.md")
+    members = [n for n in vars(Distributed) if not n.startswith("_")]
+    assert len(members) >= 10, members
+    missing = [n for n in members if f"`{n}" not in text]
+    assert not missing, f"docs/own_script.md does not name Distributed.{missing}"
