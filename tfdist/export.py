@@ -121,8 +121,10 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
     order = checkpoint.BackupStore.check_compatible(
         path, meta, {"model_signature": checkpoint.signature(plain.weights)})["model"]
 
-    read = {v.path: (lambda step=step: checkpoint.value_of(step, arrays, "model"))
-            for v, step in zip(plain.weights, order)}
+    # Keyed by the recipe's model's paths (a Sequential's carry its name), matched to the
+    # deserialised plain model's by `final_weights.weight_keys`.
+    read = {v.path: final_weights.Lazy(v.shape, lambda step=step: checkpoint.value_of(
+        step, arrays, "model")) for v, step in zip(plain.weights, order)}
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=out)
     try:

@@ -25,6 +25,7 @@ process has left; smaller models keep `model.keras`.
 
 from __future__ import annotations
 
+import json
 import os
 
 from tfdist import heap
@@ -150,6 +151,16 @@ def values_of(model, piece_bytes: int = PIECE_BYTES):
     return out
 
 
+class Lazy:
+    """A weight's value, read when called; its shape known before (`weight_keys`)."""
+
+    def __init__(self, shape, read):
+        self.shape, self._read = tuple(int(n) for n in shape), read
+
+    def __call__(self):
+        return self._read()
+
+
 class _Resolving:
     """A Keras weights store whose variables are written as the values `read` gives."""
 
@@ -171,6 +182,62 @@ class _Resolving:
         return getattr(self._store, name)
 
 
+def plain_architecture(architecture: str) -> str:
+    """Pure function: a model's `to_json()` without its compile config.
+
+    A compiled model's JSON carries its loss and optimizer; deserialising it
+    builds the optimizer's variables, which a valueless model (`deferred`)
+    cannot hold, and a wrapped optimizer (Horovod's, shm's, tfdist's) is no
+    class plain Keras knows. The weights need the layers alone.
+    """
+    config = json.loads(architecture)
+    if isinstance(config, dict) and "compile_config" in config:
+        config = {k: v for k, v in config.items() if k != "compile_config"}
+        return json.dumps(config)
+    return architecture
+
+
+def weight_keys(plain: list, read: dict, model_name: str) -> dict[str, str]:
+    """Pure function: each path of the model deserialised from the architecture -> the
+    key of `read` that holds its value; paths nothing matches are left out.
+
+    Keras names a weight by the name scope it was built in: a Sequential built by
+    a recipe names its weights `NAME/layer/var`, the same model deserialised
+    `layer/var` (Functional models `layer/var` both ways), and a subclassed
+    model's layers made in its `__init__` get new automatic names when it is
+    deserialised (`dense` becomes `dense_2`). So a path is matched as it is, else
+    with the model's name as first part taken off both sides (where that leaves
+    every key distinct); where some are still unmatched and both list the same
+    number of weights, of the same shapes in the same order (Keras's own saving
+    goes by that order), they are matched by position.
+
+    Args:
+        plain: (path, shape) of each weight of the deserialised model, in order.
+        read: key -> shape (a tuple, or None where unknown) of each value, in the
+            trained model's order.
+        model_name: The model's name.
+    """
+    keys = list(read)
+    out = {p: p for p, _ in plain if p in read}
+    prefix = f"{model_name}/"
+
+    def bare(path):
+        return path[len(prefix):] if path.startswith(prefix) else path
+
+    stripped: dict[str, str] = {}
+    for key in keys:
+        stripped.setdefault(bare(key), key)
+    if len(stripped) == len(keys):  # two keys alike without the name: no guessing
+        for p, _ in plain:
+            if p not in out and bare(p) in stripped:
+                out[p] = stripped[bare(p)]
+    if len(out) < len(plain) and len(plain) == len(keys) and all(
+            read[k] is not None and tuple(read[k]) == tuple(shape)
+            for (_, shape), k in zip(plain, keys)):
+        return {p: k for (p, _), k in zip(plain, keys)}
+    return out
+
+
 def _resolving_model(architecture: str, read: dict):
     """A valueless model of `architecture` whose layers save each weight as `read` gives it.
 
@@ -182,11 +249,14 @@ def _resolving_model(architecture: str, read: dict):
     from tfdist.model_parallel import deferred
 
     plain = deferred.build_without_values(
-        lambda: keras.models.model_from_json(architecture))
-    missing = [v.path for v in plain.weights if v.path not in read]
+        lambda: keras.models.model_from_json(plain_architecture(architecture)))
+    keys = weight_keys([(v.path, tuple(v.shape)) for v in plain.weights],
+                       {k: getattr(w, "shape", None) for k, w in read.items()}, plain.name)
+    missing = [v.path for v in plain.weights if v.path not in keys]
     if missing:
         raise ValueError(f"The trained model holds no weight {missing[0]!r} of the plain "
                          f"model ({len(missing)} missing).")
+    read = {p: read[k] for p, k in keys.items()}
     for layer in plain._flatten_layers(include_self=True):
         own = type(layer).save_own_variables
         layer.save_own_variables = (
@@ -210,7 +280,7 @@ def save_sharded(architecture: str, read: dict, directory: str) -> list[str]:
     """
     plain = _resolving_model(architecture, read)
     with open(os.path.join(directory, ARCHITECTURE), "w", encoding="utf-8") as f:
-        f.write(architecture)
+        f.write(plain_architecture(architecture))  # loads with Keras alone, uncompiled
     with keras_h5_copies.one_copy(PIECE_BYTES):
         plain.save_weights(os.path.join(directory, WEIGHTS), max_shard_size=SHARD_GB)
     names = sorted(os.listdir(directory))
