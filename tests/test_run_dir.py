@@ -36,6 +36,10 @@ def _backup(model_dir, cfg, epoch, step_in_epoch=0):
     return BackupStore(ChiefWriter(str(model_dir), True)).save(state, [_Var([1.0])], [], meta)
 
 
+def _metrics(model_dir, global_step):
+    (model_dir / "metrics.json").write_text(json.dumps({"global_step": global_step}))
+
+
 def _cluster(source="local", workers=1, ps=0, launcher=None):
     """A ClusterInfo as tfdist.launch, Slurm or a hand-written TF_CONFIG gives it."""
     if source == "local":
@@ -208,7 +212,15 @@ def test_inspect_fresh_resumable_finished_and_different(tmp_path):
     found = run_dir.inspect(str(tmp_path), cfg)
     assert found.backup and found.epochs_done == 1 and not found.finished
     _backup(tmp_path, cfg, epoch=2)
+    # Its epochs done, but no final model yet (metrics.json is written after it): the
+    # rerun resumes to write it, not "already finished".
+    unsaved = run_dir.inspect(str(tmp_path), cfg)
+    assert unsaved.unsaved_end and not unsaved.finished
+    _metrics(tmp_path, global_step=10)  # an earlier end's (epoch 1): not this one
+    assert not run_dir.inspect(str(tmp_path), cfg).finished
+    _metrics(tmp_path, global_step=20)
     assert run_dir.inspect(str(tmp_path), cfg).finished
+    assert not run_dir.inspect(str(tmp_path), cfg).unsaved_end
     assert run_dir.inspect(str(tmp_path), _cfg(epochs=1)).finished  # fewer asked: still done
     extended = run_dir.inspect(str(tmp_path), _cfg(epochs=4))
     assert not extended.finished and extended.epochs_asked == 2
@@ -217,6 +229,51 @@ def test_inspect_fresh_resumable_finished_and_different(tmp_path):
                                           r".*--model-dir DIR"):
         run_dir.inspect(str(tmp_path), _cfg(epochs=2, global_batch_size=32))
     assert run_dir.inspect(str(tmp_path), _cfg(epochs=2, resume=False)) == run_dir.Found()
+
+
+def test_the_rerun_rule_is_one_declaration_and_decides_what_is_recorded_and_compared():
+    # Output forms, logging, memory and speed, run control: a rerun may change them.
+    free = ["final_weights", "csv_log", "tensorboard", "status_file", "verbose", "tf_logs",
+            "shard_optimizer_state", "threads", "inter_op_threads", "bucket_mb",
+            "collective", "collective_timeout_s", "startup_timeout_s", "epochs", "keep",
+            "save_every_steps", "resume", "model_dir"]
+    assert [k for k in free if not config.rerun_may_change(k)] == []
+    from tfdist import straggler  # noqa: F401  (registers the benchmarks' instrument)
+
+    assert config.rerun_may_change("straggler_delay_ms")  # an instrument's: never the run
+    # What the run computes: model, data, batch, optimizer, precision, seed, layout.
+    defining = ["learning_rate", "global_batch_size", "optimizer", "momentum", "precision",
+                "seed", "accumulate", "clipnorm", "grad_compression", "strategy", "devices",
+                "microbatches", "stages", "tensor_parallel", "hidden_units"]
+    assert [k for k in defining if config.rerun_may_change(k)] == []
+    assert set(config.RERUN_FREE.values()) == {"control", "output", "logging", "memory"}
+    assert all(k in config.OPTIONS for k in config.RERUN_FREE)
+    recorded = run_dir.run_config(_cfg(final_weights="sharded", shard_optimizer_state=True))
+    assert "final_weights" not in recorded and "shard_optimizer_state" not in recorded
+    assert "learning_rate" in recorded and "strategy" in recorded
+    # A backup written before the rule recorded them: they are not compared either.
+    old = {**recorded, "final_weights": "auto", "shard_optimizer_state": False}
+    assert run_dir.differences(old, recorded) == []
+    assert run_dir.differences(recorded, run_dir.run_config(_cfg(precision="mixed_float16"))) \
+        == ["--precision 'float32' there, 'mixed_float16' here"]
+    # A finished run names the memory and speed options it had nothing to use them on.
+    assert run_dir.idle_options({"shard_optimizer_state", "threads", "final_weights",
+                                 "epochs"}) == ["--shard-optimizer-state", "--threads"]
+    # --help and docs/options.md say the rule.
+    assert "--shard-optimizer-state" in config.RERUN_RULE
+    assert "--final-weights" in config.RERUN_RULE
+
+
+def test_a_finished_run_lacks_the_form_asked_for(tmp_path):
+    assert run_dir.missing_form(str(tmp_path), "keras") == "keras"
+    assert run_dir.missing_form(str(tmp_path), "sharded") == "sharded"
+    assert run_dir.missing_form(str(tmp_path), "auto") is None  # whichever it wrote
+    (tmp_path / "model.keras").write_text("")
+    assert run_dir.missing_form(str(tmp_path), "keras") is None
+    (tmp_path / "model.json").write_text("")
+    assert run_dir.missing_form(str(tmp_path), "sharded") == "sharded"  # no index
+    (tmp_path / "model.weights.json").write_text("")
+    assert run_dir.missing_form(str(tmp_path), "sharded") is None
 
 
 def test_mid_epoch_backup_is_not_finished(tmp_path):

@@ -86,7 +86,11 @@ def _main(argv: list[str] | None) -> tuple[int, object]:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2, None
+        import textwrap
+
         print(__doc__)
+        print(textwrap.fill("Reruns: " + config.RERUN_RULE, 88, break_on_hyphens=False)
+              + " (docs/options.md)\n")
         print(f"recipes: {recipe_lib.available()}\n")
         print(config.usage(options, recipe.RECIPE_NAME))
         return 0, None

@@ -5,10 +5,15 @@ TensorFlow starts, a rerun compares it with the newest backup's record:
 
 * no backup: train from the start;
 * the same configuration, unfinished: resume (the trainer restores it);
-* the same configuration, finished (its epochs done, at an epoch end):
-  "already finished (N epochs), nothing to do"; exit 0, nothing rewritten;
+* the same configuration, finished (its epochs done, at an epoch end, and its
+  metrics.json, written after the final model, records that step: `final_written`):
+  "already finished (N epochs), nothing to do"; exit 0, nothing rewritten but
+  a --final-weights form it lacks (written from the last backup, `missing_form`);
   a larger --epochs extends it, and says so (`epochs_change_line`);
-* a different configuration: an error naming each difference, offering
+* its epochs done but its final model not written (the final save failed):
+  resume, train no step, evaluate and write the model (`Found.unsaved_end`);
+* a different configuration (the options that define a run: the rule is
+  `tfdist.config.RERUN_FREE`): an error naming each difference, offering
   --no-resume (start over there) or another --model-dir;
 * another global batch with --rescale-lr-on-batch-change: resume, the
   learning rate rescaled from the backup's (`resume_learning_rate`), the
@@ -28,19 +33,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from tfdist import instruments, strategies
+from tfdist import config, strategies
 from tfdist.data import scale_learning_rate
 from tfdist.errors import CheckpointError, ConfigError
 from tfdist.settings import Settings
 
-# Options that change how a run is executed, watched or saved, not what it
-# computes: a rerun may change them freely. Everything else is configuration.
-RUN_CONTROL = frozenset({
-    "epochs", "verbose", "tf_logs", "resume", "keep", "save_every_steps",
-    "preempt_check_steps", "csv_log", "tensorboard", "status_file", "model_dir", "threads",
-    "inter_op_threads", "collective", "collective_timeout_s", "deterministic",
-    "steps_per_epoch",
-    "rescale_lr_on_batch_change"})
+# The rerun rule (`tfdist.config.RERUN_FREE`, `config.RERUN_RULE`): options a rerun
+# may change freely are not part of the recorded configuration.
+RUN_CONTROL = frozenset(config.RERUN_FREE)
 
 # What --rescale-lr-on-batch-change lets a resumed run change: the batch, and
 # the rule its learning rate follows the batch by.
@@ -55,15 +55,12 @@ BATCH_CHANGE = frozenset({"global_batch_size", "lr_scaling"})
 # The adapters say which (`Adapter.portable`). Tensor parallelism is layout too: a
 # backup records each shard's slice of its weight (`tfdist.reshard`).
 DATA_PARALLEL = frozenset({"auto", *(n for n, a in strategies.REGISTRY.items() if a.portable)})
-# --shard-optimizer-state too: where the optimizer state lives, not what it is (tfdist.zero).
-LAYOUT = frozenset({"strategy", "devices", "microbatches", "schedule", "stages", "placement",
-                    "tensor_parallel", "shard_optimizer_state", "virtual_stages"})
+LAYOUT = config.LAYOUT
 
 
 def run_config(cfg: dict) -> dict:
     """Pure function: the options that define what a run computes (instruments' never do)."""
-    control = RUN_CONTROL | set(instruments.options())
-    return {k: v for k, v in sorted(cfg.items()) if k not in control}
+    return {k: v for k, v in sorted(cfg.items()) if not config.rerun_may_change(k)}
 
 
 def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool = True) -> str:
@@ -174,6 +171,8 @@ class Found:
         step_in_epoch: Steps done in the epoch it stopped in.
         global_batch_size: The global batch it was written at (None if unknown).
         learning_rate: The learning rate it trained with (None if unknown).
+        unsaved_end: Its epochs are done but its final model was not written
+            (the final save failed, or was cut short): the rerun writes it.
     """
 
     backup: str | None = None
@@ -183,6 +182,47 @@ class Found:
     step_in_epoch: int = 0
     global_batch_size: int | None = None
     learning_rate: float | None = None
+    unsaved_end: bool = False
+
+
+METRICS = "metrics.json"
+
+
+def final_written(model_dir: str, global_step: int) -> bool:
+    """Whether the run's end is in `model_dir`: its metrics.json, written after the final
+    model is in place (`tfdist.run.loop.finish`), records `global_step`.
+
+    This is the run's "finished" mark: a backup at the last epoch's end alone is
+    not, so a run whose final save failed is finished by its rerun.
+    """
+    import json
+
+    try:
+        with open(os.path.join(model_dir, METRICS), encoding="utf-8") as f:
+            return json.load(f).get("global_step") == global_step
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def missing_form(model_dir: str, asked: str) -> str | None:
+    """The final-weights form --final-weights `asked` names that `model_dir` lacks: "keras"
+    (no model.keras), "sharded" (no model.json + model.weights.json), or None (present, or
+    `auto`, which keeps whichever form the run wrote)."""
+    from tfdist import final_weights as fw
+
+    if asked == "keras" and not os.path.isfile(os.path.join(model_dir, fw.KERAS)):
+        return "keras"
+    if asked == "sharded" and not all(os.path.isfile(os.path.join(model_dir, n))
+                                      for n in (fw.ARCHITECTURE, fw.WEIGHTS)):
+        return "sharded"
+    return None
+
+
+def idle_options(given) -> list[str]:
+    """Pure function: the memory and speed options among `given` (the options set on the
+    command line), as flags: a finished run has no training for them to act on."""
+    return [f"--{k.replace('_', '-')}" for k in sorted(given)
+            if config.RERUN_FREE.get(k) == "memory"]
 
 
 def epochs_change_line(found: Found, epochs: int, model_dir: str) -> str | None:
@@ -298,8 +338,10 @@ def inspect(model_dir: str, cfg: dict, recipe_name: str | None = None) -> Found:
                if any(d.startswith("--global-batch-size ") for d in diff) else ""))
     state = record.get("state", {})
     done = int(state.get("epoch", 0))
-    finished = state.get("step_in_epoch", 0) == 0 and done >= settings.training.epochs
-    return Found(backup=paths[-1], epochs_done=done, finished=finished,
+    at_end = state.get("step_in_epoch", 0) == 0 and done >= settings.training.epochs
+    written = at_end and final_written(model_dir, state.get("global_step"))
+    return Found(backup=paths[-1], epochs_done=done, finished=written,
+                 unsaved_end=at_end and not written,
                  epochs_asked=record.get("epochs"),
                  step_in_epoch=int(state.get("step_in_epoch", 0)),
                  global_batch_size=record.get("global_batch_size"),

@@ -179,19 +179,21 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     config.check_strategy(cfg, settings.strategy, choice.names)
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     check_before_tensorflow(settings, cluster, choice)  # every strategy, every task
+    recipe_lib.check_loss(recipe)
+    recipe_lib.check_config(recipe, cfg)
     runs_loop = all(c.runs_loop(cluster) for c in choice.candidates)  # ps servers just serve
     # A pipeline stage task also reads it (where it can see the model dir): its
     # chief would never connect to a finished run, and the stage would wait for it.
     if runs_loop or choice.loop == "stages":
         found = run_dir.inspect(model_dir, cfg, recipe.RECIPE_NAME)  # before TensorFlow, and before any write
         if found.finished:
-            _log(cluster, f"{model_dir} already finished ({found.epochs_done} epochs), nothing "
-                          f"to do. Pass --epochs N (N > {found.epochs_done}) to train it "
-    recipe_lib.check_loss(recipe)
-    recipe_lib.check_config(recipe, cfg)
-                          "further, or --no-resume to start over.")
+            finished(recipe, cfg, cluster, model_dir, found, settings)
             return Result(model=None, metrics=_read_metrics(model_dir), strategy=None,
                           cluster=cluster)
+        if found.unsaved_end:
+            _log(cluster, f"{model_dir}: its {found.epochs_done} epochs are trained but its "
+                          "final model was not written; resuming to evaluate it and write "
+                          "the model (no step is trained)")
     if runs_loop:
         line = run_dir.epochs_change_line(found, settings.training.epochs, model_dir)
         if line:
@@ -206,6 +208,47 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
         run = loop_lib.Run(recipe, cfg, cluster, writer, choice, list(callbacks or []),
                            found, settings)
         return LOOPS[choice.loop].run(run)
+
+
+def finished(recipe, cfg: dict, cluster, model_dir: str, found, settings) -> None:
+    """A finished run's rerun: says so; the chief writes a --final-weights form the run
+    lacks from its last backup (`tfdist.export`: one process, no training, the model
+    dir locked), and says which memory or speed options had nothing to act on.
+
+    The rerun rule is `tfdist.config.RERUN_FREE`'s.
+    """
+    form = run_dir.missing_form(model_dir, settings.backup.final_weights)
+    idle = run_dir.idle_options(getattr(cfg, "given", ()))
+    line = f"{model_dir} already finished ({found.epochs_done} epochs), "
+    line += (f"nothing to train; writing the --final-weights {form} form it lacks." if form
+             else "nothing to do.")
+    if idle:
+        line += (f" {' '.join(idle)} act{'s' if len(idle) == 1 else ''} only while a run "
+                 "trains: not used.")
+    if not form:
+        line += (f" Pass --epochs N (N > {found.epochs_done}) to train it further, or "
+                 "--no-resume to start over.")
+    _log(cluster, line)
+    if form and cluster.is_chief:
+        write_final_form(recipe, cfg, model_dir, found.backup, form, cluster)
+
+
+def write_final_form(recipe, cfg: dict, model_dir: str, backup: str, form: str,
+                     cluster) -> list[str]:
+    """Writes a finished run's final weights in `form` from `backup` (its last, which
+    holds the final model's weights) and removes the other form's files, the model
+    dir claimed (one writer at a time). Returns the file names written."""
+    from tfdist import export, final_weights as fw
+
+    writer = ChiefWriter(model_dir, True)
+    with writer.claim(lambda m: _log(cluster, m)):
+        names = export.export([backup], model_dir, form, recipe, cfg, log=lambda m: None)
+        for name in ([fw.KERAS] if form == "sharded" else fw.sharded_files(model_dir)):
+            writer.remove(name)
+    _log(cluster, f"--final-weights {form}: wrote the finished run's final weights as "
+                  f"{', '.join(names)} in {model_dir} from its last backup {backup}; the other "
+                  "form's files removed")
+    return names
 
 
 def check_batch_change(found, training) -> None:
