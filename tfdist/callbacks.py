@@ -76,19 +76,46 @@ def make_backup_callback(store: BackupStore, state: TrainState, meta: dict, *,
     return BackupCallback()
 
 
-def make_progress_bar(total_epochs: int):
-    """Keras's progress bar, numbering epochs out of the run's `total_epochs`.
+def make_progress_bar(total_epochs: int, steps_per_epoch: int = 0, global_batch_size: int = 0,
+                      interval_s: float | None = None):
+    """Keras's progress bar, numbering epochs out of the run's `total_epochs`, and
+    with verbose 2 (a pipe or a file) a progress line during each epoch.
 
     A run resumed mid-epoch finishes that epoch in a `fit` of its own
     (`epochs=E + 1`), which Keras's own bar shows as "Epoch E+1/E+1"; this
     one shows "Epoch E+1/TOTAL". Passed to `fit`, it replaces Keras's bar;
-    with `verbose=0` it prints nothing, as Keras's would.
+    with `verbose=0` it prints nothing, as Keras's would. With `verbose=2`,
+    where Keras prints one line per epoch, it also prints a `tfdist.progress`
+    line every `interval_s` seconds during an epoch (None: TFDIST_PROGRESS_S,
+    30 s by default; 0: none); `steps_per_epoch` 0 leaves them out.
     """
     import keras
+
+    from tfdist import progress
+
+    if interval_s is None:
+        from tfdist.cluster import detect_console
+
+        interval_s = detect_console().progress_s
+    ticker = (progress.Ticker(total_epochs, steps_per_epoch, global_batch_size, interval_s)
+              if steps_per_epoch and interval_s else None)
+    lines = progress.make_callback(ticker) if ticker else None
 
     class RunProgbarLogger(keras.callbacks.ProgbarLogger):
         def set_params(self, params):
             super().set_params({**params, "epochs": total_epochs})
+            if lines is not None:
+                lines.set_params(params)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            super().on_epoch_begin(epoch, logs)
+            if lines is not None and self.verbose == 2:
+                lines.on_epoch_begin(epoch, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            super().on_train_batch_end(batch, logs)
+            if lines is not None and self.verbose == 2:
+                lines.on_train_batch_end(batch, logs)
 
     return RunProgbarLogger()
 

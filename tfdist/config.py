@@ -85,7 +85,8 @@ OPTIONS: dict[str, Option] = {
                               ge=0),
     # Bars are escape codes in a pipe or file (launcher, Slurm), hence auto.
     "verbose": Option("auto", "Keras progress on the chief: 0 none, 1 bars, 2 one line per "
-                      "epoch; auto: bars on a terminal, epoch lines otherwise",
+                      "epoch and a progress line every 30 s of it (TFDIST_PROGRESS_S); "
+                      "auto: bars on a terminal, 2 otherwise",
                       choices=("auto", "0", "1", "2")),
     "tf_logs": Option(False, "show TensorFlow's C++ start-up lines (or TFDIST_TF_LOGS=1)"),
     "resume": Option(True, "resume from MODEL_DIR/backup if it holds a backup"),

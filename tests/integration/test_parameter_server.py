@@ -8,7 +8,8 @@
 * SIGKILL of a worker mid-training: the job finishes every step and reports it
   (under --precision mixed_float16 and --tensorboard, which are checked there too).
 * SIGKILL of the ps: the chief ends the job with a message naming the lost ps.
-* A server whose chief has gone exits on its own, saying so.
+* A server whose chief has gone exits on its own, saying so; one whose chief said it
+  finished (its marker, `tfdist.ps.server.tell_finished`) exits without a word.
 """
 
 from __future__ import annotations
@@ -157,7 +158,10 @@ def test_killed_ps_ends_the_job_with_a_clear_message(tmp_path):
     assert not os.path.exists(os.path.join(model_dir, "model.keras"))
 
 
-def test_server_exits_when_its_chief_is_gone():
+@pytest.mark.parametrize("finished", [False, True], ids=["gone", "finished"])
+def test_server_exits_when_its_chief_is_gone(finished):
+    from tfdist.ps.server import finished_marker
+
     chief = socket.socket()
     chief.bind(("127.0.0.1", 0))
     chief.listen(16)
@@ -181,6 +185,8 @@ def test_server_exits_when_its_chief_is_gone():
             first = proc.stdout.readline()
         time.sleep(5)  # the watchdog polls every 2 s: it has seen the chief up
         assert proc.poll() is None, first + proc.stdout.read()[-3000:]
+        if finished:  # what a chief that finished writes on the task's host, then exits
+            open(finished_marker(chief_address, f"127.0.0.1:{ports[0]}"), "w").close()
         chief.close()
         out, _ = proc.communicate(timeout=60)
         out = first + out
@@ -191,7 +197,9 @@ def test_server_exits_when_its_chief_is_gone():
             proc.wait()
     assert proc.returncode == 0, out[-3000:]
     assert f"tfdist: worker 0 serving at 127.0.0.1:{ports[0]}" in out
-    assert f"tfdist: worker 0: the chief at {chief_address} has gone" in out
+    gone = f"tfdist: worker 0: the chief at {chief_address} has gone"
+    assert (gone not in out) if finished else (gone in out), out[-3000:]
+    assert not os.path.exists(finished_marker(chief_address, f"127.0.0.1:{ports[0]}"))
 
 
 def test_rerun_resumes_from_the_chiefs_backup(runs, tmp_path):

@@ -391,6 +391,16 @@ def connect(cluster, startup_timeout_s: float, tensor_parallel: int = 1) -> None
         task_index=cluster.worker_index, protocol="grpc")
 
 
+def tell_finished(cluster) -> int:
+    """The chief, at the end of a run that finished: tells every stage task, so that it
+    ends quietly when the chief has gone (`tfdist.ps.server.tell_finished`)."""
+    from tfdist.ps import server
+
+    addresses = cluster.worker_addresses
+    return server.tell_finished(addresses[0], [  # the address every stage watches
+        (task_device(t), a) for t, a in enumerate(addresses) if t != cluster.worker_index])
+
+
 def serve(cluster, threads: int = 0, startup_timeout_s: float = 0, stages: int = 0,
           tensor_parallel: int = 1) -> None:
     """Runs this task's stage server until the chief has gone (never returns).

@@ -6,13 +6,21 @@ returns, so a server whose coordinator died would wait forever; a watchdog
 thread ends it once the chief has not answered for a bounded time: CHIEF_GONE_S
 after it was last seen up, or CHIEF_START_S after this server started when it
 was never seen (a chief that died before, or just after, opening its port).
+
+A chief that finished its run says so first (`tell_finished`): an op on each
+serving task's device writes a marker file on that task's host
+(`finished_marker`), and the task then ends without a word once the chief's
+port closes. Without the marker (the chief failed, was killed, or vanished),
+the task says the chief has gone.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -37,8 +45,70 @@ def chief_gone(now: float, started: float, last_seen: float | None,
     return now - last_seen >= gone_s
 
 
+def finished_marker(chief: str, task: str, directory: str | None = None) -> str:
+    """Pure function (given `directory`): the file whose presence on the host of the task
+    at `task` says that the chief at `chief` finished its run.
+
+    Args:
+        chief, task: "host:port" addresses, as in the cluster spec.
+        directory: Where (default: this host's temporary directory; the chief and its
+            tasks must agree, as they do on one host or with the same TMPDIR).
+    """
+    def safe(address):
+        return re.sub(r"[^A-Za-z0-9.-]", "_", address)
+
+    return os.path.join(directory or tempfile.gettempdir(),
+                        f"tfdist-finished-{safe(chief)}-{safe(task)}")
+
+
+def _take(marker: str | None) -> bool:
+    """Whether `marker` exists; removes it."""
+    if marker is None:
+        return False
+    try:
+        os.remove(marker)
+        return True
+    except OSError:
+        return os.path.exists(marker)
+
+
+def tell_finished(chief: str, tasks: list[tuple[str, str]], timeout_s: float = 10.0) -> int:
+    """The chief, at the end of a run that finished: tells each serving task so, so that it
+    ends quietly once the chief has gone (`finished_marker`, written by an op on the task's
+    own device, so on its own host).
+
+    Args:
+        chief: This chief's address, as its tasks watch it.
+        tasks: (device, address) of each serving task.
+        timeout_s: How long all the writes may take (a remote call has no deadline of its
+            own; a task that does not answer says "has gone" at the end, as before).
+
+    Returns:
+        How many tasks were told.
+    """
+    import tensorflow as tf
+
+    told = []
+
+    def write():
+        for device, address in tasks:
+            if not reachable(address):
+                continue
+            try:
+                with tf.device(device):
+                    tf.io.write_file(finished_marker(chief, address), "")
+                told.append(address)
+            except Exception:  # noqa: BLE001  a task that cannot be told says "has gone"
+                pass
+
+    thread = threading.Thread(target=write, daemon=True, name="tfdist-tell-finished")
+    thread.start()
+    thread.join(timeout_s)
+    return len(told)
+
+
 def _watch_chief(address: str, label: str, start_s: float | None = CHIEF_START_S,
-                 gone_s: float = CHIEF_GONE_S) -> None:
+                 gone_s: float = CHIEF_GONE_S, marker: str | None = None) -> None:
     from tfdist.ps import EXIT_LOST_CHIEF
 
     started, last_seen = time.monotonic(), None
@@ -47,6 +117,9 @@ def _watch_chief(address: str, label: str, start_s: float | None = CHIEF_START_S
         if reachable(address):
             last_seen = time.monotonic()
             continue
+        if last_seen is not None and _take(marker):  # the chief finished, and said so
+            sys.stdout.flush()
+            os._exit(EXIT_LOST_CHIEF)
         if chief_gone(time.monotonic(), started, last_seen, start_s, gone_s):
             what = ("has gone (finished or failed)" if last_seen is not None else
                     f"did not answer within {start_s:g} s of this task starting")
@@ -112,7 +185,9 @@ def serve_spec(spec: dict, job: str, index: int, chief: str, *, label: str, thre
         signal.signal(signal.SIGINT, held)
     print(f"tfdist: {label} serving at {spec[job][index]} (pid {os.getpid()}); waiting for the "
           "coordinator", flush=True)
-    threading.Thread(target=_watch_chief, args=(chief, label, start_s, gone_s),
+    marker = finished_marker(chief, spec[job][index])
+    _take(marker)  # an earlier job's, on the same ports
+    threading.Thread(target=_watch_chief, args=(chief, label, start_s, gone_s, marker),
                      daemon=True).start()
     # The server serves from its own threads (kept alive by `server`); a sleep, not
     # join(), so that Python's signal handlers run in this thread.

@@ -82,7 +82,18 @@ class CoordinatorRun:
         self.build()
         self.resume()
         self.train_epochs()
-        return self.finish()
+        result = self.finish()
+        self.tell_finished()
+        return result
+
+    def tell_finished(self) -> None:
+        """Tells the worker and ps tasks the run finished, so that they end quietly
+        (`tfdist.ps.server.tell_finished`; without it each says the chief has gone)."""
+        from tfdist.ps import server
+
+        server.tell_finished(self.spec["chief"][0], [
+            (f"/job:{job}/replica:0/task:{i}/device:CPU:0", address)
+            for job in ("worker", "ps") for i, address in enumerate(self.spec.get(job, []))])
 
     def set_up(self) -> None:
         """The runtime (before any op), the strategy and its coordinator, the learning
@@ -226,11 +237,15 @@ class CoordinatorRun:
         history = state.history
         self.steps_per_worker = [0] * len(workers)
         self.lost: dict[int, int] = {}  # worker index -> epoch it was first found unreachable
+        ticker = self._ticker()
         start = time.perf_counter()
         try:
             for epoch in range(state.epoch, epochs):
                 results = [coordinator.schedule(step, args=(iterator,))
                            for _ in range(self.steps_per_epoch)]
+                if ticker is not None:
+                    ticker.begin_epoch(epoch)
+                    self._fetch_with_progress(results, ticker)
                 coordinator.join()
                 fetched = coordinator.fetch(results)
                 losses = [float(loss) for loss, _ in fetched]
@@ -256,6 +271,37 @@ class CoordinatorRun:
             if tensorboard is not None:
                 tensorboard.on_train_end()  # closes its event files
         self.wall = time.perf_counter() - start
+
+    def _ticker(self):
+        """The progress lines' `tfdist.progress.Ticker` (None with --verbose 0 or
+        TFDIST_PROGRESS_S=0): this loop has no Keras bar, so a terminal gets them too."""
+        from tfdist import config, progress
+        from tfdist.cluster import detect_console
+
+        console = detect_console()
+        if not config.keras_verbosity(self.settings.logs.verbose, console.interactive):
+            return None
+        if not console.progress_s:
+            return None
+        return progress.Ticker(self.settings.training.epochs, self.steps_per_epoch, self.gbs,
+                               console.progress_s)
+
+    def _fetch_with_progress(self, results, ticker) -> None:
+        """Waits for the scheduled steps in order, a progress line every interval.
+
+        A step that failed raises its error from `coordinator.join()`, which the
+        caller runs next (a fetch may see only its cancellation): so any error here
+        is left to it.
+        """
+        import tensorflow as tf
+
+        losses = []
+        try:
+            for k, result in enumerate(results):
+                losses.append(float(result.fetch()[0]))
+                ticker.step(k + 1, lambda: sum(losses) / len(losses))
+        except tf.errors.OpError:
+            pass
 
     def _note_lost_workers(self, epoch: int) -> None:
         """Logs each worker first found unreachable in `epoch` (training goes on)."""

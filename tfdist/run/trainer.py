@@ -335,7 +335,10 @@ class StageLoop(loop_lib.Loop):
 
     def run(self, run: loop_lib.Run) -> Result:
         if run.choice.candidates[0].runs_loop(run.cluster):
-            return FitLoop().run(run)
+            result = FitLoop().run(run)
+            # The tasks that serve end quietly, told that the run finished.
+            run.choice.candidates[0](run.cluster, run.settings.adapter).finished()
+            return result
         return loop_lib.serve(run)
 
 
@@ -508,7 +511,8 @@ class FitRun:
         if logs.tensorboard:
             out += [c for c in [cb.make_tensorboard(self.writer)] if c]
         # Last, where Keras puts its own.
-        out.append(cb.make_progress_bar(settings.training.epochs))
+        # With verbose 2 (a pipe, a file) also a progress line every 30 s of an epoch.
+        out.append(cb.make_progress_bar(settings.training.epochs, self.steps_per_epoch, self.gbs))
         return out
 
     def fit(self) -> None:

@@ -126,6 +126,10 @@ class Adapter:
         one that does not `serve`s."""
         return True
 
+    def finished(self) -> None:
+        """On the process that ran the loop, once the run has finished: tells the tasks
+        that `serve` so, so that they end without a word (nothing by default)."""
+
     def serve(self, threads: int = 0):
         """This process's part where it does not run the loop (`runs_loop` False): serve
         the chief until it has ended, after TensorFlow started (never returns).

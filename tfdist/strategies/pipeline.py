@@ -279,6 +279,13 @@ class Pipeline(model_parallel.ModelParallel):
             return model_parallel.ModelParallelHooks(self.options, transform_model)
         return StageHooks(self.options, self.cluster)
 
+    def finished(self):
+        """The chief tells the stage tasks the run finished (`tasks.tell_finished`)."""
+        if self.across_processes:
+            from tfdist.model_parallel import tasks
+
+            tasks.tell_finished(self.cluster)
+
     def serve(self, threads: int = 0):
         """A stage task other than the chief: serves its stage until the chief ends
         (never returns)."""
