@@ -102,10 +102,10 @@ def test_setup_options_are_the_command_lines_checked_the_same_way():
     with pytest.raises(ConfigError, match=r"no option timeout_s=\. Did you mean "
                                           r"collective_timeout_s=\?"):
         config.for_script("auto", {"timeout_s": 5})
-    with pytest.raises(ConfigError, match=r"--microbatches must be >= 1\. Received: "
-                                          r"--microbatches 0"):
+    with pytest.raises(ConfigError, match=r"microbatches must be >= 1\. Received: "
+                                          r"microbatches=0"):
         config.for_script("pipeline", {"microbatches": 0})
-    with pytest.raises(ConfigError, match="--strategy must be one of"):
+    with pytest.raises(ConfigError, match="strategy must be one of"):
         config.for_script("mirored", {})
     # A value other than the default is refused where the strategy cannot use it;
     # the default passed on (a script forwarding every option) is not.
