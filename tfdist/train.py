@@ -49,8 +49,19 @@ def parse(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Trains as the command line says; returns the exit status."""
-    return _main(argv)[0]
+    """Trains as the command line says; returns the exit status.
+
+    The signals are this process's own again afterwards (`cli` keeps catching
+    them until it exits, so that one during its last steps is still recorded).
+    """
+    try:
+        return _main(argv)[0]
+    finally:
+        from tfdist import preemption
+
+        caught = preemption.current()
+        if caught is not None:
+            caught.uninstall()
 
 
 def cli() -> None:
@@ -95,7 +106,12 @@ def _main(argv: list[str] | None) -> tuple[int, object]:
         print(config.usage(options, recipe.RECIPE_NAME))
         return 0, None
     status_file = ""
-    reset_signals()
+    # First, before any thread starts (the lifeline's, TensorFlow's): from here on
+    # SIGTERM and SIGINT are recorded whenever they come (tfdist.preemption), so
+    # every one ends in the documented status, with a backup once a step is trained.
+    from tfdist import preemption
+
+    watcher = preemption.catch_signals()
     from tfdist import lifeline
 
     lifeline.watch_output_pipes()  # the launcher's pipes closing ends this worker
@@ -108,6 +124,16 @@ def _main(argv: list[str] | None) -> tuple[int, object]:
         status_file = Settings.of(cfg).backup.status_file if info.is_chief else ""
         trainer.train(recipe, cfg, info)
         code = exit_codes.OK
+        if watcher.requested:
+            # The signal came after the last step the workers agreed on (the last
+            # --preempt-check-steps steps, the evaluation, the final save): the run
+            # finished meanwhile, and its final epoch's backup is there. The status
+            # still says the signal was acted on; a rerun finds the run finished.
+            code = exit_codes.INTERRUPTED if watcher.interrupted else exit_codes.PREEMPTED
+            how = ("interrupted" if watcher.interrupted
+                   else f"preempted by signal {watcher.signum}")
+            print(f"tfdist: {how} after the last step: the run finished (model and final "
+                  "backup written); a rerun has nothing left to do", file=sys.stderr, flush=True)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         code = exit_codes.CONFIG
@@ -129,16 +155,6 @@ def _main(argv: list[str] | None) -> tuple[int, object]:
     if code == exit_codes.PEER_LOST:
         exit_now(code)
     return code, info
-
-
-def reset_signals() -> None:
-    """SIGINT and SIGTERM back to Python's defaults before tfdist installs its own.
-
-    A process started with them ignored (`cmd &` in a script ignores SIGINT)
-    would otherwise ignore a launcher forwarding them.
-    """
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def exit_now(code: int) -> None:

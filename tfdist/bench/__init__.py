@@ -27,4 +27,5 @@ SUBCOMMANDS: dict[str, str] = {
     "overlap": "tfdist.bench.overlap",
     "zero": "tfdist.bench.zero",
     "memory-cap": "tfdist.bench.memory_cap",
+    "signals": "tfdist.bench.signals",
 }

@@ -53,8 +53,50 @@ def _child_setup(launcher_pid: int, cpus: list[int] | None = None) -> None:
             os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Its own process group: a terminal's Ctrl-C reaches the launcher alone, which
+    # forwards it once. In the terminal's group a worker got it twice, the second
+    # time when the launcher's forward came, which under load could be more than
+    # `preemption.SECOND_INTERRUPT_AFTER_S` later and read as "stop now, unsaved".
+    os.setpgid(0, 0)
     if cpus:  # --cpu-bind cores: inherited by every thread the worker starts
         os.sched_setaffinity(0, cpus)
+
+
+# A worker this young may not have reached `tfdist.preemption.catch_signals` (its
+# Python still starting): a signal then would have its default action (SIGTERM:
+# death, 143, no status). Forwarding waits until the worker blocks or catches it.
+YOUNG_S = 5.0
+
+
+def _takes(pid: int, signum: int) -> bool:
+    """Whether process `pid` blocks (or, SIGTERM, catches) `signum`; True if unknown.
+
+    Read from /proc/PID/status. Python catches SIGINT from its start (to raise
+    KeyboardInterrupt, wherever the main thread is), so for SIGINT only a block
+    (tfdist's) counts.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    bit = 1 << (signum - 1)
+    masks = [fields.get(k, "").strip()
+             for k in (("SigBlk",) if signum == signal.SIGINT else ("SigBlk", "SigCgt"))]
+    return not all(masks) or any(int(m, 16) & bit for m in masks)
+
+
+def _deliver(p, signum: int, started: float) -> None:
+    """Sends `signum` to `p` once it takes it, or when it is `YOUNG_S` old.
+
+    Only for a worker of the launcher's own host (a remote one's pid is ssh's).
+    """
+    pid = p.pid
+    while (p.poll() is None
+           and time.monotonic() - started < YOUNG_S and not _takes(pid, signum)):
+        time.sleep(0.02)
+    if p.poll() is None:
+        p.send_signal(signum)
 
 
 ERROR_PREFIX = b"error: "  # how tfdist.train starts the one line of a refused run
@@ -130,7 +172,7 @@ class _TaskGroup:
         base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         base_env.setdefault("PYTHONUNBUFFERED", "1")
         self.labels = [task[0] for task in tasks]
-        self.procs, self._pumps, self._logs = [], [], []
+        self.procs, self._pumps, self._logs, self._started = [], [], [], []
         self.errors = _Errors()  # the tasks' error lines, shown once each
         self.signalled: int | None = None  # SIGINT/SIGTERM received and forwarded
         self.signalled_at, self.forced = 0.0, False
@@ -154,6 +196,8 @@ class _TaskGroup:
             else:
                 p = subprocess.Popen(command, env=task_env, stdin=subprocess.DEVNULL, **spawn)
             self.procs.append(p)
+            # A remote worker's pid here is ssh's: it is forwarded to at once.
+            self._started.append(time.monotonic() if not (on and on[0] is not None) else None)
             for stream, out, errors in ((p.stdout, sys.stdout, None),
                                         (p.stderr, sys.stderr, self.errors)):
                 t = threading.Thread(target=_pump, args=(stream, f"[{label}] ", out, log, lock,
@@ -172,9 +216,13 @@ class _TaskGroup:
             self.forced = True  # a second Ctrl-C: stop now, do not wait for saves
         else:
             self.signalled, self.signalled_at = signum, time.monotonic()
-        for p in self.procs:
+        for p, started in zip(self.procs, self._started):
             if p.poll() is None:
-                p.send_signal(signum)
+                if started is not None and time.monotonic() - started < YOUNG_S:
+                    threading.Thread(target=_deliver, args=(p, signum, started),
+                                     daemon=True).start()
+                else:
+                    p.send_signal(signum)
 
     def __enter__(self):
         self._old = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}

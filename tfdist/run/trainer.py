@@ -176,6 +176,14 @@ def train(recipe, cfg: dict, cluster=None, callbacks=None) -> Result:
     # `auto` is resolved once: here to the adapters it may become (checked now),
     # after TensorFlow counts the GPUs to the one of them that is built.
     choice = strategies.choose(settings.strategy, cluster, settings.adapter.devices)
+    if choice.loop != "fit":
+        # Only the fit loop acts on a caught signal (its workers agree on a step and
+        # save); the parameter-server and stage loops keep the signals' own actions.
+        from tfdist import preemption
+
+        caught = preemption.current()
+        if caught is not None:
+            caught.uninstall(redeliver=True)  # one that came already acts now, as it would have
     config.check_strategy(cfg, settings.strategy, choice.names)
     model_dir = model_dir_for(cfg, recipe.RECIPE_NAME, cluster)
     check_before_tensorflow(settings, cluster, choice)  # every strategy, every task
@@ -520,12 +528,18 @@ class FitRun:
         import tensorflow as tf
 
         from tfdist import callbacks as cb
+        from tfdist import preemption
         from tfdist.preemption import PreemptionWatcher, default_check_steps
 
         cluster, hooks, strategy = self.cluster, self.dist.hooks, self.dist.strategy
         backup_s, epochs, state = self.settings.backup, self.settings.training.epochs, self.state
         store, steps_per_epoch = self.store, self.steps_per_epoch
-        watcher = PreemptionWatcher()
+        # `python -m tfdist.train` has caught the signals since it started (a signal
+        # during start-up is acted on at the first agreed step): kept after fit, so
+        # one during the final save is still seen (tfdist.train says so).
+        watcher = preemption.current()
+        own = watcher is None
+        watcher = watcher or PreemptionWatcher()
         backup_cb = cb.make_backup_callback(
             store, state, self.meta, steps_per_epoch=steps_per_epoch,
             save_every_steps=backup_s.save_every_steps, watcher=watcher,
@@ -559,7 +573,8 @@ class FitRun:
                 f"{store.latest() or 'none yet'}; rerun the same command to resume.",
                 rank=found[1], address=found[2], job=found[0] or "worker") from None
         finally:
-            watcher.uninstall()
+            if own:
+                watcher.uninstall()
         self.wall = time.perf_counter() - start
         if backup_cb.preempted:
             # Every worker stopped at the agreed step, where the chief saved.
