@@ -166,7 +166,8 @@ class Found:
     Attributes:
         backup: The newest readable backup, or None.
         epochs_done: Completed epochs in it.
-        finished: It ends at an epoch end with at least `epochs` epochs done.
+        finished: It ends at an epoch end with at least `epochs` epochs done, and its
+            final model is written (`final_written`).
         epochs_asked: The --epochs of the run that wrote it (None if unknown).
         step_in_epoch: Steps done in the epoch it stopped in.
         global_batch_size: The global batch it was written at (None if unknown).
