@@ -10,8 +10,12 @@ scheduler's does; SIGINT to its whole process group, as a terminal's Ctrl-C
 does. A trial passes when the run exits 75 (SIGTERM) or 130 (SIGINT), its
 `--status-file` says the same, a backup is there, no C++ abort
 (`terminate called`) or Python traceback was printed, and the same command
-rerun exits 0 with the final model. `--load` runs a second training job
-beside the trials all along (`digits_mlp --epochs 50`, restarted when done).
+rerun exits 0 with the final model. A signal sent after the run wrote its
+status file (its last act before the interpreter's teardown, a second or two
+here) finds the run finished: there exit 0 with status 0 is the right outcome,
+and the trial is counted as `late` (docs/fault_tolerance.md). `--load` runs a
+second training job beside the trials all along (`digits_mlp --epochs 50`,
+restarted when done).
 """
 
 from __future__ import annotations
@@ -60,9 +64,14 @@ def command(mode: str, recipe: str, epochs: int, model_dir: str) -> list[str]:
 
 
 def classify(name: str, code: int, status: str | None, backups: list[str], output: str,
-             rerun_code: int | None) -> list[str]:
-    """Pure function: what is wrong with a trial (empty: it passed)."""
-    want = EXPECTED[name]
+             rerun_code: int | None, late: bool = False) -> list[str]:
+    """Pure function: what is wrong with a trial (empty: it passed).
+
+    Args:
+        late: The signal was sent after the run had written its status file:
+            the run had finished, so exit 0 and status 0 are expected.
+    """
+    want = 0 if late else EXPECTED[name]
     wrong = []
     if code != want:
         wrong.append(f"exit {code}, not {want}")
@@ -102,22 +111,23 @@ class _Load:
 
 
 def _run(cmd, timeout_s, load, signal_after=None, signum=None):
-    """(exit status, output, seconds) of `cmd`, signalled once after `signal_after` s."""
+    """(exit status, output, seconds, when the signal was sent or None) of `cmd`,
+    signalled once after `signal_after` s."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=runs.child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    sent = False
+    sent = None  # when the signal went, by the wall clock
     chunks = []
     reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
     while proc.poll() is None:
         now = time.monotonic() - started
-        if signal_after is not None and not sent and now >= signal_after:
+        if signal_after is not None and sent is None and now >= signal_after:
+            sent = time.time()
             if signum == signal.SIGINT:
                 os.killpg(proc.pid, signum)  # a terminal's Ctrl-C: the whole foreground group
             else:
                 proc.send_signal(signum)  # a scheduler's SIGTERM: the job's process
-            sent = True
         if now > timeout_s:
             os.killpg(proc.pid, signal.SIGKILL)
         if load is not None:
@@ -157,20 +167,26 @@ def run(args) -> dict:
                                          getattr(signal, name))
             status_path = os.path.join(d, "status")
             status = open(status_path).read().strip() if os.path.exists(status_path) else None
+            # The status file is the run's last word: one written before the signal
+            # went means the run had finished (the signal hit the interpreter's teardown).
+            late = (sent is not None and status is not None
+                    and os.path.getmtime(status_path) < sent)
             backup_dir = os.path.join(d, "backup")
             backups = sorted(os.listdir(backup_dir)) if os.path.isdir(backup_dir) else []
             rerun_code, rerun_out, _, _ = _run(cmd, args.timeout_s, load)
-            wrong = classify(name, code, status, backups, out, rerun_code)
-            if not sent:
+            wrong = classify(name, code, status, backups, out, rerun_code, late)
+            if sent is None:
                 wrong = [f"ended ({code}) before the signal at {after:.1f} s"]
             last = [line for line in out.splitlines() if "tfdist:" in line][-1:]
             trials.append({"mode": mode, "signal": name, "after_s": round(after, 2),
                            "exit": code, "status_file": status, "backups": backups[-1:],
-                           "rerun_exit": rerun_code, "ok": not wrong, "wrong": wrong,
+                           "rerun_exit": rerun_code, "late": late, "ok": not wrong,
+                           "wrong": wrong,
                            "load": round(load_avg, 1), "took_s": round(took, 1),
                            "last_line": last[0][-200:] if last else "",
                            "output_tail": "" if not wrong else out[-2000:]})
-            runs.say(f"signals: {i + 1}/{len(plan)} {mode} {name} at {after:.1f} s: exit {code}, "
+            runs.say(f"signals: {i + 1}/{len(plan)} {mode} {name} at {after:.1f} s"
+                     f"{' (late: the run had finished)' if late else ''}: exit {code}, "
                      f"status {status}, {backups[-1] if backups else 'no backup'}, rerun "
                      f"{rerun_code}{'' if not wrong else ' WRONG: ' + '; '.join(wrong)}")
             if not wrong:
@@ -182,9 +198,10 @@ def run(args) -> dict:
             shutil.rmtree(root, ignore_errors=True)
     summary = {}
     for t in trials:
-        s = summary.setdefault(f"{t['mode']} {t['signal']}", {"trials": 0, "ok": 0})
+        s = summary.setdefault(f"{t['mode']} {t['signal']}", {"trials": 0, "ok": 0, "late": 0})
         s["trials"] += 1
         s["ok"] += t["ok"]
+        s["late"] += t["late"]
     return {"recipe": args.recipe, "epochs": args.epochs, "load_job": bool(args.load),
             "uninterrupted_s": durations, "trials": trials, "summary": summary,
             "all_ok": all(t["ok"] for t in trials), "kept": root if os.path.isdir(root) else None}
@@ -192,8 +209,8 @@ def run(args) -> dict:
 
 def table(result) -> str:
     """Readable summary."""
-    rows = [[k, v["trials"], v["ok"]] for k, v in sorted(result["summary"].items())]
-    lines = [report.format_table(["trials", "n", "ok"], rows)]
+    rows = [[k, v["trials"], v["ok"], v["late"]] for k, v in sorted(result["summary"].items())]
+    lines = [report.format_table(["trials", "n", "ok", "of them late"], rows)]
     lines += [f"  {t['mode']} {t['signal']} at {t['after_s']} s: {'; '.join(t['wrong'])}"
               for t in result["trials"] if not t["ok"]]
     return "\n".join(lines)
