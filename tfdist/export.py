@@ -105,7 +105,7 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
     import_tensorflow()
     from tfdist.model_parallel import deferred
 
-    plain = deferred.build_without_values(lambda: recipe_lib.build_model(recipe, cfg))
+    plain = deferred.build_without_values(_builder(recipe, cfg))
     errors = []
     for path in candidates:
         try:
@@ -141,6 +141,24 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
     log(f"tfdist.export: wrote {', '.join(names)} into {out} from {path} (step "
         f"{meta.get('state', {}).get('global_step', '?')})")
     return names
+
+
+def _builder(recipe, cfg: dict):
+    """What builds the recipe's model with all its variables: a subclassed model, which
+    makes them at its first call, is called symbolically on the dataset's x."""
+    import keras
+    import tensorflow as tf
+
+    def build():
+        model = recipe_lib.build_model(recipe, cfg)
+        if not model.weights:
+            source = recipe_lib.build_dataset(recipe, cfg, "test")
+            x = getattr(source, "dataset", source).element_spec[0]
+            model(tf.nest.map_structure(
+                lambda s: keras.KerasTensor((None, *s.shape), s.dtype.name), x))
+        return model
+
+    return build
 
 
 def main(argv=None) -> int:

@@ -259,6 +259,20 @@ def write_final_form(recipe, cfg: dict, model_dir: str, backup: str, form: str,
     return names
 
 
+def build_unbuilt(model, element_spec) -> bool:
+    """Calls a model that has no variables yet (a subclassed one) on one batch of zeros
+    shaped as the dataset's x, so that it makes them; returns whether it did."""
+    if model.weights:
+        return False
+    import tensorflow as tf
+
+    def zeros(spec):
+        return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
+
+    model(tf.nest.map_structure(zeros, element_spec[0]), training=False)
+    return True
+
+
 def check_batch_change(found, training) -> None:
     """Refuses a batch change whose data position cannot be mapped (before TensorFlow).
 
@@ -449,6 +463,10 @@ class FitRun:
             # A batched dataset or one of the wrong shape fails here, naming the recipe,
             # not in fit.
             recipe_lib.check_fits(recipe, model, self.test_ds.element_spec, batched=True)
+            # A subclassed model makes its variables at its first call: make them now,
+            # or the optimizer below is built for none and fit's first step fails
+            # ("Unknown variable").
+            build_unbuilt(model, self.test_ds.element_spec)
             # Keras builds optimizers lazily; build now so a backup can fill its slots.
             optimizer.build(model.trainable_variables)
         self.model, self.optimizer = model, optimizer
