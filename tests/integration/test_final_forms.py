@@ -90,8 +90,14 @@ def test_final_weights_forms_of_each_model_kind_and_the_rerun_rule(tmp_path):
                             "--epochs", "1", "--steps-per-epoch", "4"], 0,
                            "runs/digits_mlp/mirrored-2dev"),
             "my_func": (["my_func", "--strategy", "shm"], 2, "runs/my_func/shm-2w")}
-    for name, (args, n, run_dir) in runs.items():
-        proc = _train(cwd, *args, "--final-weights", "sharded", n=n)
+    from concurrent.futures import ThreadPoolExecutor
+
+    # The two one-process runs side by side (one thread each: a core each), then shm x2.
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda job: _train(cwd, *job[0], "--final-weights", "sharded",
+                                                 n=job[1]), list(runs.values())[:2]))
+    procs.append(_train(cwd, *runs["my_func"][0], "--final-weights", "sharded", n=2))
+    for (name, (args, n, run_dir)), proc in zip(runs.items(), procs):
         assert proc.returncode == 0, f"{name}\n{tail(proc)}"
         assert "model.weights.json (sharded weights)" in proc.stdout, tail(proc)
         run_dir = os.path.join(cwd, run_dir)
