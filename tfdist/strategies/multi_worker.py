@@ -7,11 +7,14 @@ deadline (`cluster_register_timeout_in_ms`), so a peer that never comes ends
 the job within `startup_timeout_s` instead of blocking in
 `CoordinationServiceAgent::Connect` for ever.
 
-Inside TensorFlow's connect SIGTERM is still not acted on: building the
-strategy installs TensorFlow's C++ SIGTERM handler (`SigtermNotifier`, which
-only logs "SIGTERM caught") and then blocks holding the GIL, so no Python
-code (no handler, no watcher thread) can run until the deadline (measured:
-TF 2.21). That phase is bounded by `startup_timeout_s`, not by the signal.
+Inside TensorFlow's connect a signal is not acted on at once: building the
+strategy blocks holding the GIL, so no Python code can run until it connects
+or the deadline passes (measured: TF 2.21); that phase is bounded by
+`startup_timeout_s`, not by the signal. Under `python -m tfdist.train` the
+signal is not lost there: SIGTERM and SIGINT are blocked in every thread and
+taken by `tfdist.preemption.catch_signals`, so TensorFlow's C++ SIGTERM handler
+(`SigtermNotifier`, installed here; it only logs) never runs, and the run stops
+with a backup at its first agreed step.
 """
 
 from __future__ import annotations
