@@ -36,6 +36,7 @@ import os
 from tfdist import config, strategies
 from tfdist.data import scale_learning_rate
 from tfdist.errors import CheckpointError, ConfigError
+from tfdist.option import flag
 from tfdist.settings import Settings
 
 # The rerun rule (`tfdist.config.RERUN_FREE`, `config.RERUN_RULE`): options a rerun
@@ -222,8 +223,7 @@ def missing_form(model_dir: str, asked: str) -> str | None:
 def idle_options(given) -> list[str]:
     """Pure function: the memory and speed options among `given` (the options set on the
     command line), as flags: a finished run has no training for them to act on."""
-    return [f"--{k.replace('_', '-')}" for k in sorted(given)
-            if config.RERUN_FREE.get(k) == "memory"]
+    return [flag(k) for k in sorted(given) if config.RERUN_FREE.get(k) == "memory"]
 
 
 def epochs_change_line(found: Found, epochs: int, model_dir: str) -> str | None:
