@@ -258,7 +258,7 @@ def test_busy_port_without_launcher_ends_every_worker_within_the_startup_timeout
             line = lone.stdout.readline()
         assert line, lone.stderr.read()[-3000:]
         lone.send_signal(signal.SIGTERM)
-        lone.communicate(timeout=10)  # at once: it waits in Python, not inside TensorFlow
+        _, lone_err = lone.communicate(timeout=10)  # at once: it waits in Python, not in TF
         _, err1 = w1.communicate(timeout=120)
         w1_took = time.monotonic() - w1_waiting
     finally:
@@ -271,7 +271,9 @@ def test_busy_port_without_launcher_ends_every_worker_within_the_startup_timeout
     assert w0.returncode == exit_codes.CLUSTER, err0[-3000:]
     assert f"error: worker 0 cannot listen on {address}: the port is in use" in err0
     assert "HINT: " in err0 and "Traceback" not in err0
-    assert lone.returncode == -signal.SIGTERM
+    assert lone.returncode == exit_codes.PREEMPTED, lone_err[-3000:]
+    assert (f"tfdist: preempted by signal {int(signal.SIGTERM)} while waiting for worker 0 "
+            f"(127.0.0.1:{ports[2]}) to start: no step trained, nothing saved") in lone_err
     assert w1.returncode == exit_codes.PEER_LOST, err1[-3000:]
     assert f"the coordination service at {address} within --startup-timeout-s 20" in err1
     assert "Traceback" not in err1

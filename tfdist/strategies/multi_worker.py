@@ -105,12 +105,25 @@ def wait_for_leader(cluster, timeout_s: float, poll_s: float = 0.2) -> None:
 
     Raises:
         PeerLostError: naming the leader when it does not within `timeout_s`.
+        Preempted: when SIGTERM or SIGINT came meanwhile (`tfdist.preemption`).
     """
     address = leader_address(cluster)
     if not cluster.is_multi_worker or not address or cluster.worker_index == 0:
         return
+    from tfdist import preemption
+
     deadline = time.monotonic() + timeout_s
     while not reachable(address, 1.0):
+        caught = preemption.current()
+        if caught is not None and caught.requested:
+            # Recorded, not acted on by default (`catch_signals`): no peer, so no step
+            # to agree on; stop now, as the signal's own action would have.
+            from tfdist.run.types import Preempted
+
+            how = "interrupted" if caught.interrupted else f"preempted by signal {caught.signum}"
+            raise Preempted(f"{how} while waiting for worker 0 ({address}) to start: no step "
+                            "trained, nothing saved; rerun to start", None,
+                            interrupted=caught.interrupted)
         if time.monotonic() > deadline:
             raise PeerLostError(
                 f"worker 0 ({address}) did not start within --startup-timeout-s "
