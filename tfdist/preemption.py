@@ -37,6 +37,16 @@ MULTI_PROCESS_CHECK_STEPS = 20
 SECOND_INTERRUPT_AFTER_S = 0.5  # a SIGINT this long after the first means "stop now"
 
 
+class Preempted(Exception):
+    """Training stopped on SIGTERM, or SIGINT (`interrupted`), after saving a backup
+    (`backup`; None when no step was trained, so there was nothing to save)."""
+
+    def __init__(self, message: str, backup: str | None, interrupted: bool = False):
+        super().__init__(message)
+        self.backup = backup
+        self.interrupted = interrupted
+
+
 def default_check_steps(num_processes: int) -> int:
     """Pure function: steps between agreements when the user did not choose.
 

@@ -14,18 +14,11 @@ import os
 import sys
 
 from tfdist import model_dir as model_dir_lib
+from tfdist.preemption import Preempted  # noqa: F401  (declared there: strategies raise it too)
 from tfdist.cluster import local
 from tfdist.cluster.base import ClusterInfo
 from tfdist.run import run_dir
 
-
-class Preempted(Exception):
-    """Training stopped on SIGTERM, or SIGINT (`interrupted`), after saving a backup."""
-
-    def __init__(self, message: str, backup: str | None, interrupted: bool = False):
-        super().__init__(message)
-        self.backup = backup
-        self.interrupted = interrupted
 
 
 @dataclasses.dataclass
