@@ -79,6 +79,11 @@ class PreemptionWatcher:
         """True when the stop was asked by SIGINT (Ctrl-C), not by a scheduler's SIGTERM."""
         return self.signum == signal.SIGINT
 
+    @property
+    def cause(self) -> str:
+        """'interrupted' (Ctrl-C) or 'preempted by signal N', for the stop's message."""
+        return "interrupted" if self.interrupted else f"preempted by signal {self.signum}"
+
     def _handle(self, signum, _frame):
         # One Ctrl-C reaches a launched worker twice (the terminal's process group,
         # then the launcher's forward, within milliseconds): only a later one is a second.

@@ -130,10 +130,9 @@ def _main(argv: list[str] | None) -> tuple[int, object]:
             # finished meanwhile, and its final epoch's backup is there. The status
             # still says the signal was acted on; a rerun finds the run finished.
             code = exit_codes.INTERRUPTED if watcher.interrupted else exit_codes.PREEMPTED
-            how = ("interrupted" if watcher.interrupted
-                   else f"preempted by signal {watcher.signum}")
-            print(f"tfdist: {how} after the last step: the run finished (model and final "
-                  "backup written); a rerun has nothing left to do", file=sys.stderr, flush=True)
+            print(f"tfdist: {watcher.cause} after the last step: the run finished (model and "
+                  "final backup written); a rerun has nothing left to do", file=sys.stderr,
+                  flush=True)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         code = exit_codes.CONFIG

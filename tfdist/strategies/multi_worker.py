@@ -118,10 +118,9 @@ def wait_for_leader(cluster, timeout_s: float, poll_s: float = 0.2) -> None:
         if caught is not None and caught.requested:
             # Recorded, not acted on by default (`catch_signals`): no peer, so no step
             # to agree on; stop now, as the signal's own action would have.
-            how = "interrupted" if caught.interrupted else f"preempted by signal {caught.signum}"
-            raise preemption.Preempted(f"{how} while waiting for worker 0 ({address}) to start: no step "
-                            "trained, nothing saved; rerun to start", None,
-                            interrupted=caught.interrupted)
+            raise preemption.Preempted(
+                f"{caught.cause} while waiting for worker 0 ({address}) to start: no step "
+                "trained, nothing saved; rerun to start", None, interrupted=caught.interrupted)
         if time.monotonic() > deadline:
             raise PeerLostError(
                 f"worker 0 ({address}) did not start within --startup-timeout-s "
