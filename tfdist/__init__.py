@@ -37,4 +37,15 @@ def _hide_tensorflow_startup_lines() -> None:
 
 _hide_tensorflow_startup_lines()
 
+
+def _keras_distribution_on_tensorflow() -> None:
+    # keras.distribution has no TensorFlow backend (keras-team/keras#18473);
+    # tfdist gives it one when Keras is imported (tfdist.keras_distribution).
+    from tfdist import keras_distribution
+
+    keras_distribution.install_on_import()
+
+
+_keras_distribution_on_tensorflow()
+
 __all__ = ["Distributed", "setup", "__version__"]

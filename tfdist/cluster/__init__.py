@@ -74,6 +74,29 @@ def reported_environment(environ: Mapping[str, str] | None = None) -> dict[str, 
     return {k: environ[k] for k in sorted(environ) if k.startswith(REPORTED_PREFIXES)}
 
 
+DEVICES_VAR = "TFDIST_DEVICES"
+
+
+def local_devices_requested(environ: Mapping[str, str] | None = None) -> int:
+    """TFDIST_DEVICES: the logical devices to split this machine's CPU into (0: unset).
+
+    What `--devices N` is to `tfdist.train`, for `keras.distribution.list_devices()`
+    (JAX's `--xla_force_host_platform_device_count`).
+
+    Raises:
+        ConfigError: for a value that is not a whole number >= 1.
+    """
+    from tfdist.errors import ConfigError
+
+    raw = (os.environ if environ is None else environ).get(DEVICES_VAR, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{DEVICES_VAR} must be a whole number >= 1 (the CPU split into that "
+                          f"many logical devices). Received: {DEVICES_VAR}={raw!r}.")
+    return int(raw)
+
+
 def horovod_venv(environ: Mapping[str, str] | None = None) -> str:
     """The Horovod venv path scripts/install_horovod.sh uses (it may not exist)."""
     from tfdist.cluster.horovod import venv_path
@@ -82,5 +105,5 @@ def horovod_venv(environ: Mapping[str, str] | None = None) -> str:
 
 
 __all__ = ["ClusterInfo", "ClusterEnvironment", "Console", "detect", "detect_console",
-           "horovod_venv", "reported_environment",
+           "horovod_venv", "local_devices_requested", "reported_environment",
            "ENVIRONMENTS"]

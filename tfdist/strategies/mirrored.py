@@ -12,12 +12,19 @@ def build(cluster, options):
     On a CPU-only machine the devices are the logical CPUs made by
     `configure_runtime(cpu_devices=N)`, so replication is real and testable.
     """
-    import tensorflow as tf
-
     from tfdist.compat import keras_grad_reduction
 
     keras_grad_reduction.set_compression(options.grad_compression)
-    devices = local_devices(options.devices)
+    return build_on(local_devices(options.devices))
+
+
+def build_on(devices: list[str]):
+    """MirroredStrategy over these TensorFlow device names, tfdist's workarounds applied."""
+    import tensorflow as tf
+
+    from tfdist import compat
+
+    compat.apply_all()
     return tf.distribute.MirroredStrategy(devices=devices)
 
 

@@ -1,0 +1,74 @@
+"""keras.io's distribution guide on TensorFlow, with `import tfdist`: real devices and processes.
+
+tests/workers/keras_guide.py is the guide's script (functional d1/d2, Adam,
+a tf.data dataset batched at 64, `fit`, op determinism). One process on 2
+logical CPUs trains it on one device, under DataParallel and under
+ModelParallel on a (1, 2) mesh, and is refused a layout no split can honour;
+2 processes of `tfdist.launch` call `initialize()` and train under
+DataParallel, then again with process 1's labels changed. Every run ends
+with one device's weights (rtol 1e-5: measured <= 1.2e-7 apart); with the
+labels changed the two processes still agree (they train together).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import WORKERS, clean_env, run_py, run_py_many, tail
+
+SCRIPT = os.path.join(WORKERS, "keras_guide.py")
+pytestmark = pytest.mark.integration
+
+
+def _weights(out, name):
+    data = np.load(os.path.join(out, f"{name}.npz"))
+    return [data[k] for k in data.files]
+
+
+def _same(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_the_guide_trains_to_one_devices_weights(tmp_path):
+    local, procs = tmp_path / "local", tmp_path / "processes"
+    local.mkdir()
+    procs.mkdir()
+    one, two = run_py_many(
+        [[SCRIPT, "local", str(local)],
+         ["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--",
+          "python", SCRIPT, "processes", str(procs)]],
+        envs=[clean_env(TFDIST_DEVICES="2"), None])
+    assert one.returncode == 0, tail(one)
+    assert two.returncode == 0, tail(two)
+    single = _weights(local, "single-0")
+
+    report = json.loads((local / "report-0.json").read_text())
+    assert report["devices"] == ["cpu:0", "cpu:1"]
+    assert [d.split("/")[-1] for d in report["data_parallel_kernel_devices"]] == [
+        "device:CPU:0", "device:CPU:1"]  # the kernel mirrored on both devices
+    _same(single, _weights(local, "data_parallel-0"))
+    _same(single, _weights(local, "model_parallel-0"))
+    lines = one.stdout.splitlines()
+    assert ("tfdist: keras.distribution.DataParallel -> mirrored over cpu:0, cpu:1, "
+            "num_replicas=2, processes=1") in lines, one.stdout
+    assert any(line.startswith("tfdist: keras.distribution.ModelParallel -> tensor parallel")
+               and "d1/kernel (16, 32) split on axis 1: /device:CPU:0 [0:16], /device:CPU:1 "
+               "[16:32]" in line for line in lines), one.stdout
+    assert "'d1/kernel'" in report["refused"] and "('model', 'model')" in report["refused"]
+    assert report["untouched"], "a refused layout must train nothing"
+
+    for pid in (0, 1):
+        _same(single, _weights(procs, f"processes-{pid}"))
+    flipped = [_weights(procs, f"flipped-{pid}") for pid in (0, 1)]
+    for a, b in zip(*flipped):
+        np.testing.assert_array_equal(a, b)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(flipped[0], single)) > 1e-2
+    first = [line for line in two.stdout.splitlines() if "tfdist: keras.distribution" in line]
+    assert first == ["[worker 0] tfdist: keras.distribution.DataParallel -> multi_worker "
+                     "(MultiWorkerMirroredStrategy), num_replicas=2, processes=2"], two.stdout
+    assert json.loads((procs / "report-1.json").read_text())["num_processes"] == 2

@@ -1,0 +1,166 @@
+"""The TensorFlow backend of `keras.distribution`, as Keras's other backends have one.
+
+Keras calls these under the same names as `keras/src/backend/jax/distribution_lib.py`;
+`tfdist.compat.keras_tf_distribution` puts them on Keras's TensorFlow module,
+whose own file is a prototype without them. Devices and processes come from
+tfdist's cluster discovery (TF_CONFIG, Slurm, `tfdist.launch`), and the
+processes are joined by tfdist's multi_worker engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tfdist.errors import ConfigError
+
+# The Distributed that `initialize()` built for several processes (None: one process).
+_STATE: dict = {"dist": None, "runtime": False}
+
+
+def _configure_runtime() -> None:
+    """Splits the CPU into TFDIST_DEVICES logical devices, once, before TensorFlow's runtime starts."""
+    if _STATE["runtime"]:
+        return
+    _STATE["runtime"] = True
+    from tfdist.cluster import local_devices_requested
+    from tfdist.strategies.devices import configure_runtime, cpu_split
+
+    wanted = local_devices_requested()
+    try:
+        configure_runtime(cpu_devices=cpu_split(wanted))
+    except RuntimeError:
+        if len(_local("CPU")) < wanted:
+            raise ConfigError(
+                f"TFDIST_DEVICES={wanted} asks for {wanted} logical CPU devices, but TensorFlow's "
+                "runtime started before tfdist could split the CPU. Call "
+                "keras.distribution.list_devices() (or initialize()) before any TensorFlow "
+                "op.") from None
+
+
+def _local(device_type: str | None):
+    import tensorflow as tf
+
+    return tf.config.list_logical_devices(device_type)
+
+
+def list_devices(device_type=None):
+    """This job's devices: GPUs, else CPUs (`TFDIST_DEVICES=N` splits the CPU into N).
+
+    After `initialize()` for several processes, every process's device, named
+    `/job:worker/replica:0/task:T/device:CPU:0` (one replica per process).
+
+    Args:
+        device_type: "cpu" or "gpu"; None: GPUs when there are any, else CPUs.
+
+    Returns:
+        Device names, as Keras's `DeviceMesh` takes them.
+    """
+    _configure_runtime()
+    kind = device_type.upper() if device_type else None
+    if kind is None:
+        kind = "GPU" if _local("GPU") else "CPU"
+    dist = _STATE["dist"]
+    if dist is not None:
+        return [f"/job:worker/replica:0/task:{t}/device:{kind}:0"
+                for t in range(dist.num_workers)]
+    return [f"{kind.lower()}:{d.name.split(':')[-1]}" for d in _local(kind)]
+
+
+def get_device_count(device_type=None):
+    """How many devices `list_devices(device_type)` returns."""
+    return len(list_devices(device_type))
+
+
+def _tf_config_from(job_addresses, num_processes, process_id) -> dict:
+    """The TF_CONFIG that Keras's `initialize` arguments describe (pure)."""
+    addresses = [a.strip() for a in str(job_addresses).split(",") if a.strip()]
+    if num_processes is not None and int(num_processes) != len(addresses):
+        raise ConfigError(
+            f"keras.distribution.initialize got {len(addresses)} job_addresses {addresses} "
+            f"but num_processes={num_processes}: give one host:port per process.")
+    if process_id is None or not 0 <= int(process_id) < len(addresses):
+        raise ConfigError(
+            f"keras.distribution.initialize needs process_id in [0, {len(addresses)}) with "
+            f"job_addresses. Received: process_id={process_id}.")
+    return {"cluster": {"worker": addresses},
+            "task": {"type": "worker", "index": int(process_id)}}
+
+
+def initialize(job_addresses=None, num_processes=None, process_id=None):
+    """Joins this job's processes: the cluster from the arguments, else TF_CONFIG, Slurm
+    or `tfdist.launch`; several processes start tfdist's multi_worker engine.
+
+    Call it first, before any TensorFlow op (as Keras's documentation says).
+
+    Raises:
+        ConfigError: for arguments that do not describe a cluster, or a job
+            started by horovodrun (use tfdist.launch, TF_CONFIG or Slurm).
+    """
+    if _STATE["dist"] is not None:
+        return
+    if job_addresses:
+        os.environ["TF_CONFIG"] = json.dumps(
+            _tf_config_from(job_addresses, num_processes, process_id))
+    elif num_processes not in (None, 1):
+        raise ConfigError(
+            f"keras.distribution.initialize(num_processes={num_processes}) needs job_addresses "
+            "(host:port of every process) too, or start the processes with tfdist.launch, "
+            "TF_CONFIG or Slurm and call initialize() with no arguments.")
+    from tfdist import cluster
+
+    info = cluster.detect()
+    if info.source == "horovod":
+        raise ConfigError(
+            "keras.distribution on TensorFlow joins processes with tfdist's multi_worker "
+            "engine; this process was started by horovodrun. Start it with tfdist.launch, "
+            "TF_CONFIG or Slurm.")
+    if info.num_workers > 1:
+        from tfdist.distributed import setup
+
+        _STATE["runtime"] = True
+        _STATE["dist"] = setup("multi_worker")
+    else:
+        _configure_runtime()
+
+
+def distributed():
+    """The multi-process `tfdist.Distributed` that `initialize()` built, or None."""
+    return _STATE["dist"]
+
+
+def num_processes():
+    """Processes in this job (1 until `initialize()` joined several)."""
+    dist = _STATE["dist"]
+    return dist.num_workers if dist is not None else 1
+
+
+def process_id():
+    """This process's index (0: the chief)."""
+    dist = _STATE["dist"]
+    return dist.rank if dist is not None else 0
+
+
+def distribute_tensor(tensor, layout):
+    """`tensor` itself: a relayout hint changes no value, and tfdist's split layers place
+    their own outputs (see docs/keras_distribution.md)."""
+    return tensor
+
+
+def distribute_variable(value, layout):
+    """`value` itself: tfdist splits weights when the model trains (`ModelParallel`)."""
+    return value
+
+
+def distribute_value(value, tensor_layout):
+    """`value` itself (the prototype's name for `distribute_variable`)."""
+    return value
+
+
+def distribute_data_input(per_process_batch, layout, batch_dim_name):
+    """This process's batch, as `Distribution.distribute_dataset` made it."""
+    return per_process_batch
+
+
+NAMES = ("list_devices", "get_device_count", "initialize", "num_processes", "process_id",
+         "distribute_tensor", "distribute_variable", "distribute_value", "distribute_data_input")
