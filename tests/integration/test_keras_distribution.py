@@ -72,3 +72,26 @@ def test_the_guide_trains_to_one_devices_weights(tmp_path):
     assert first == ["[worker 0] tfdist: keras.distribution.DataParallel -> multi_worker "
                      "(MultiWorkerMirroredStrategy), num_replicas=2, processes=2"], two.stdout
     assert json.loads((procs / "report-1.json").read_text())["num_processes"] == 2
+
+
+def test_keras_own_distribution_tests_pass_on_tensorflow(tmp_path):
+    """keras/src/distribution/distribution_lib_test.py, shipped in the wheel: the classes the
+    TensorFlow backend skips run with their backend check lifted and tfdist imported.
+    None is left out: those that mock a backend function mock tfdist's on TensorFlow."""
+    import keras
+
+    source = os.path.join(os.path.dirname(keras.__file__), "src", "distribution",
+                          "distribution_lib_test.py")
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
+    check = 'backend.backend() != "jax"'
+    assert text.count(check) >= 3, "Keras's backend checks moved: update this test"
+    (tmp_path / "test_keras_distribution_lib.py").write_text(
+        "import tfdist  # noqa: F401\n" + text.replace(check, "False"))
+    proc = run_py(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                   str(tmp_path / "test_keras_distribution_lib.py")],
+                  env=clean_env(TFDIST_DEVICES="8"), cwd=str(tmp_path))
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0, tail(proc)
+    assert "failed" not in summary and "skipped" not in summary, summary
+    assert int(summary.split(" passed")[0].split()[-1]) >= 39, summary

@@ -120,6 +120,7 @@ class _AfterKeras(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _KerasImportHook)]
         try:
             self._loader.exec_module(module)
         finally:
@@ -135,16 +136,23 @@ class _AfterKeras(importlib.abc.Loader):
 
 
 class _KerasImportHook(importlib.abc.MetaPathFinder):
-    """Calls `then()` when `keras` is first imported, then steps aside."""
+    """Calls `then()` once `keras` is imported, then steps aside.
+
+    It steps aside when Keras has run, not when it is looked up: TensorFlow's
+    import asks `importlib.util.find_spec("keras")` before importing it.
+    """
 
     def __init__(self, then):
-        self._then = then
+        self._then, self._finding = then, False
 
     def find_spec(self, name, path=None, target=None):
-        if name != "keras":
+        if name != "keras" or self._finding:
             return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _KerasImportHook)]
-        spec = importlib.util.find_spec(name)
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(name)  # the other finders' answer
+        finally:
+            self._finding = False
         if spec is not None and spec.loader is not None:
             spec.loader = _AfterKeras(spec.loader, self._then)
         return spec

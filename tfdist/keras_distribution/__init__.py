@@ -55,6 +55,10 @@ def install() -> None:
     from tfdist.keras_distribution import backend
 
     keras_tf_distribution.install({n: getattr(backend, n) for n in backend.NAMES}, _Hooks)
+    from tfdist.cluster import local_devices_requested
+
+    if local_devices_requested():  # split the CPU now, before any op starts the runtime
+        backend.configure_runtime()
 
 
 def install_on_import() -> None:

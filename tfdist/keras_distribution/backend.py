@@ -18,17 +18,17 @@ from tfdist.errors import ConfigError
 _STATE: dict = {"dist": None, "runtime": False}
 
 
-def _configure_runtime() -> None:
+def configure_runtime() -> None:
     """Splits the CPU into TFDIST_DEVICES logical devices, once, before TensorFlow's runtime starts."""
     if _STATE["runtime"]:
         return
     _STATE["runtime"] = True
     from tfdist.cluster import local_devices_requested
-    from tfdist.strategies.devices import configure_runtime, cpu_split
+    from tfdist.strategies import devices
 
     wanted = local_devices_requested()
     try:
-        configure_runtime(cpu_devices=cpu_split(wanted))
+        devices.configure_runtime(cpu_devices=devices.cpu_split(wanted))
     except RuntimeError:
         if len(_local("CPU")) < wanted:
             raise ConfigError(
@@ -56,7 +56,7 @@ def list_devices(device_type=None):
     Returns:
         Device names, as Keras's `DeviceMesh` takes them.
     """
-    _configure_runtime()
+    configure_runtime()
     kind = device_type.upper() if device_type else None
     if kind is None:
         kind = "GPU" if _local("GPU") else "CPU"
@@ -121,7 +121,7 @@ def initialize(job_addresses=None, num_processes=None, process_id=None):
         _STATE["runtime"] = True
         _STATE["dist"] = setup("multi_worker")
     else:
-        _configure_runtime()
+        configure_runtime()
 
 
 def distributed():
