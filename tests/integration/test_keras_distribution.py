@@ -5,7 +5,9 @@ a tf.data dataset batched at 64, `fit`, op determinism). One process on 2
 logical CPUs trains it on one device, under DataParallel and under
 ModelParallel on a (1, 2) mesh, and is refused a layout no split can honour;
 2 processes of `tfdist.launch` call `initialize()` and train under
-DataParallel, then again with process 1's labels changed. Every run ends
+DataParallel, then again with process 1's labels changed; 2 processes x 2
+logical CPUs train under ModelParallel on a (2, 2) mesh (batch across
+processes, model within). Every run ends
 with one device's weights (rtol 1e-5: measured <= 1.2e-7 apart); with the
 labels changed the two processes still agree (they train together).
 """
@@ -35,16 +37,16 @@ def _same(a, b):
 
 
 def test_the_guide_trains_to_one_devices_weights(tmp_path):
-    local, procs = tmp_path / "local", tmp_path / "processes"
-    local.mkdir()
-    procs.mkdir()
-    one, two = run_py_many(
-        [[SCRIPT, "local", str(local)],
-         ["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--",
-          "python", SCRIPT, "processes", str(procs)]],
-        envs=[clean_env(TFDIST_DEVICES="2"), None])
-    assert one.returncode == 0, tail(one)
-    assert two.returncode == 0, tail(two)
+    local, procs, hybrid = tmp_path / "local", tmp_path / "processes", tmp_path / "hybrid"
+    for d in (local, procs, hybrid):
+        d.mkdir()
+    launch = ["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", SCRIPT]
+    one, two, four = run_py_many(
+        [[SCRIPT, "local", str(local)], [*launch, "processes", str(procs)],
+         [*launch, "hybrid", str(hybrid)]],
+        envs=[clean_env(TFDIST_DEVICES="2"), None, clean_env(TFDIST_DEVICES="2")])
+    for proc in (one, two, four):
+        assert proc.returncode == 0, tail(proc)
     single = _weights(local, "single-0")
 
     report = json.loads((local / "report-0.json").read_text())
@@ -72,6 +74,14 @@ def test_the_guide_trains_to_one_devices_weights(tmp_path):
     assert first == ["[worker 0] tfdist: keras.distribution.DataParallel -> multi_worker "
                      "(MultiWorkerMirroredStrategy), num_replicas=2, processes=2"], two.stdout
     assert json.loads((procs / "report-1.json").read_text())["num_processes"] == 2
+
+    # 2 processes x 2 devices: batch across processes (shm), model within each.
+    for pid in (0, 1):
+        _same(single, _weights(hybrid, f"hybrid-{pid}"))
+    assert ("[worker 0] tfdist: keras.distribution.ModelParallel -> tensor parallel over "
+            "'model' (2 devices), 2 copies across processes (shm), num_replicas=2, "
+            "processes=2: d1/kernel (16, 32) split on axis 1: /device:CPU:0 [0:16], "
+            "/device:CPU:1 [16:32]") in four.stdout, four.stdout
 
 
 def test_keras_own_distribution_tests_pass_on_tensorflow(tmp_path):

@@ -72,12 +72,8 @@ def local(out_dir):
         {v.device for v in model.layers[1].kernel.value.values})
 
     mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map["d1/kernel"] = (None, "model")
-    layout_map["d1/bias"] = ("model",)
-    layout_map["d2/kernel"] = ("model", None)
     keras.distribution.set_distribution(
-        keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch"))
+        keras.distribution.ModelParallel(layout_map=_layouts(mesh), batch_dim_name="batch"))
     train(out_dir, "model_parallel")
 
     bad = keras.distribution.LayoutMap(mesh)
@@ -104,10 +100,29 @@ def processes(out_dir):
     return {"devices": devices, "num_processes": keras.distribution.distribution().num_processes}
 
 
+def hybrid(out_dir):
+    """2 processes x 2 devices: the batch axis across processes, the model axis within."""
+    keras.distribution.initialize()
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((2, len(devices) // 2), ["batch", "model"], devices)
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=_layouts(mesh), batch_dim_name="batch"))
+    train(out_dir, "hybrid")
+    return {"devices": devices}
+
+
+def _layouts(mesh):
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["d1/kernel"] = (None, "model")
+    layout_map["d1/bias"] = ("model",)
+    layout_map["d2/kernel"] = ("model", None)
+    return layout_map
+
+
 def main():
     mode, out_dir = sys.argv[1], sys.argv[2]
     tf.config.experimental.enable_op_determinism()
-    report = {"local": local, "processes": processes}[mode](out_dir)
+    report = {"local": local, "processes": processes, "hybrid": hybrid}[mode](out_dir)
     with open(os.path.join(out_dir, f"report-{_process_id()}.json"), "w") as f:
         json.dump(report, f)
 

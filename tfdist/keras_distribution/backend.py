@@ -14,8 +14,9 @@ import os
 
 from tfdist.errors import ConfigError
 
-# The Distributed that `initialize()` built for several processes (None: one process).
-_STATE: dict = {"dist": None, "runtime": False}
+# After `initialize()` for several processes: this process's ClusterInfo, and the engine
+# (a tfdist.Distributed) built when a distribution is first set.
+_STATE: dict = {"cluster": None, "dist": None, "runtime": False}
 
 
 def configure_runtime() -> None:
@@ -44,11 +45,23 @@ def _local(device_type: str | None):
     return tf.config.list_logical_devices(device_type)
 
 
+def local_count(kind: str) -> int:
+    """This process's devices of `kind`, without starting TensorFlow's runtime."""
+    import tensorflow as tf
+
+    from tfdist.cluster import local_devices_requested
+
+    if kind == "GPU":
+        return len(tf.config.list_physical_devices("GPU"))
+    return max(1, local_devices_requested()) if not tf.config.list_physical_devices("GPU") else 1
+
+
 def list_devices(device_type=None):
     """This job's devices: GPUs, else CPUs (`TFDIST_DEVICES=N` splits the CPU into N).
 
-    After `initialize()` for several processes, every process's device, named
-    `/job:worker/replica:0/task:T/device:CPU:0` (one replica per process).
+    After `initialize()` for several processes, every process's devices,
+    named `/job:worker/replica:0/task:T/device:CPU:I`, counted without starting
+    TensorFlow's runtime (the multi-process engine must start first).
 
     Args:
         device_type: "cpu" or "gpu"; None: GPUs when there are any, else CPUs.
@@ -56,14 +69,16 @@ def list_devices(device_type=None):
     Returns:
         Device names, as Keras's `DeviceMesh` takes them.
     """
-    configure_runtime()
+    import tensorflow as tf
+
     kind = device_type.upper() if device_type else None
     if kind is None:
-        kind = "GPU" if _local("GPU") else "CPU"
-    dist = _STATE["dist"]
-    if dist is not None:
-        return [f"/job:worker/replica:0/task:{t}/device:{kind}:0"
-                for t in range(dist.num_workers)]
+        kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    info = _STATE["cluster"]
+    if info is not None:
+        return [f"/job:worker/replica:0/task:{t}/device:{kind}:{i}"
+                for t in range(info.num_workers) for i in range(local_count(kind))]
+    configure_runtime()
     return [f"{kind.lower()}:{d.name.split(':')[-1]}" for d in _local(kind)]
 
 
@@ -88,8 +103,9 @@ def _tf_config_from(job_addresses, num_processes, process_id) -> dict:
 
 
 def initialize(job_addresses=None, num_processes=None, process_id=None):
-    """Joins this job's processes: the cluster from the arguments, else TF_CONFIG, Slurm
-    or `tfdist.launch`; several processes start tfdist's multi_worker engine.
+    """Finds this job's processes: the cluster from the arguments, else TF_CONFIG, Slurm
+    or `tfdist.launch`. Their engine starts when a distribution is set:
+    multi_worker for DataParallel, shm for ModelParallel copies across processes.
 
     Call it first, before any TensorFlow op (as Keras's documentation says).
 
@@ -97,7 +113,7 @@ def initialize(job_addresses=None, num_processes=None, process_id=None):
         ConfigError: for arguments that do not describe a cluster, or a job
             started by horovodrun (use tfdist.launch, TF_CONFIG or Slurm).
     """
-    if _STATE["dist"] is not None:
+    if _STATE["cluster"] is not None:
         return
     if job_addresses:
         os.environ["TF_CONFIG"] = json.dumps(
@@ -113,32 +129,58 @@ def initialize(job_addresses=None, num_processes=None, process_id=None):
     if info.source == "horovod":
         raise ConfigError(
             "keras.distribution on TensorFlow joins processes with tfdist's multi_worker "
-            "engine; this process was started by horovodrun. Start it with tfdist.launch, "
+            "or shm engine; this process was started by horovodrun. Start it with tfdist.launch, "
             "TF_CONFIG or Slurm.")
     if info.num_workers > 1:
-        from tfdist.distributed import setup
-
-        _STATE["runtime"] = True
-        _STATE["dist"] = setup("multi_worker")
+        _STATE["cluster"] = info  # the engine starts when a distribution is set (`engine`)
     else:
         configure_runtime()
 
 
+def start_engine(name: str):
+    """The multi-process engine `name` ("multi_worker" or "shm"), started once.
+
+    Raises:
+        ConfigError: when another engine already runs, or TensorFlow's runtime
+            started before it could (multi_worker must start first).
+    """
+    dist = _STATE["dist"]
+    if dist is not None:
+        if dist.name != name:
+            raise ConfigError(
+                f"This job already trains with tfdist's {dist.name} engine; one process cannot "
+                f"also start {name}. Set one kind of distribution per job (DataParallel across "
+                "processes: multi_worker; ModelParallel with the batch axis across processes: "
+                "shm).")
+        return dist
+    from tfdist.distributed import setup
+
+    _STATE["runtime"] = True
+    try:
+        _STATE["dist"] = setup(name)
+    except RuntimeError as e:
+        raise ConfigError(
+            f"tfdist's {name} engine could not start: {str(e).splitlines()[0]}. Call "
+            "keras.distribution.initialize() and set_distribution() before any TensorFlow "
+            "op.") from None
+    return _STATE["dist"]
+
+
 def distributed():
-    """The multi-process `tfdist.Distributed` that `initialize()` built, or None."""
+    """The multi-process `tfdist.Distributed` running now, or None."""
     return _STATE["dist"]
 
 
 def num_processes():
-    """Processes in this job (1 until `initialize()` joined several)."""
-    dist = _STATE["dist"]
-    return dist.num_workers if dist is not None else 1
+    """Processes in this job (1 until `initialize()` found several)."""
+    info = _STATE["cluster"]
+    return info.num_workers if info is not None else 1
 
 
 def process_id():
     """This process's index (0: the chief)."""
-    dist = _STATE["dist"]
-    return dist.rank if dist is not None else 0
+    info = _STATE["cluster"]
+    return info.worker_index if info is not None else 0
 
 
 def distribute_tensor(tensor, layout):

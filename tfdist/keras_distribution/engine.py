@@ -87,32 +87,73 @@ def on_set(distribution) -> None:
 
 
 def _check_model_parallel(distribution) -> None:
-    """A split model in one process, with one copy: refused otherwise, before anything trains."""
+    """One split copy per process, the copies across processes (shm): refused otherwise,
+    before anything trains."""
     batch = mesh_sizes(distribution).get(distribution.batch_dim_name, 1)
     axis, size = model_axis(distribution)
-    if backend.num_processes() > 1:
+    processes = backend.num_processes()
+    if batch != processes:
         raise ConfigError(
-            f"ModelParallel over {backend.num_processes()} processes: tfdist splits weights "
-            f"over one process's devices only (mesh {mesh_sizes(distribution)}). Use "
-            "DataParallel across processes, or ModelParallel in one process.")
-    if batch > 1:
-        raise ConfigError(
-            f"ModelParallel on a mesh of {batch} copies x {size} devices along {axis!r} in one "
-            "process: tfdist splits one copy of the model over the model axis. Give the batch "
-            "axis 1 device (a (1, N) mesh), or use DataParallel.")
+            f"ModelParallel on a mesh of {batch} copies x {size} devices along {axis!r}, in "
+            f"{processes} process(es): tfdist splits one copy over each process's devices, "
+            f"so the batch axis must have {processes} device(s) (one per process); e.g. a "
+            f"({processes}, {size}) mesh of keras.distribution.list_devices(), with "
+            f"TFDIST_DEVICES={size}. Or use DataParallel.")
+    if processes > 1:
+        for row in _rows(distribution, axis):
+            tasks = {_task_of(d) for d in row}
+            if len(tasks) != 1:
+                raise ConfigError(
+                    f"ModelParallel's model axis {axis!r} spans processes ({', '.join(row)}): "
+                    "tfdist splits weights over one process's devices only. Build the mesh "
+                    "with the batch axis first, from keras.distribution.list_devices().")
+        backend.start_engine("shm")
+
+
+def _rows(distribution, axis) -> list[list[str]]:
+    """The mesh's devices along `axis`, one list per copy (per index of the other axes)."""
+    mesh = distribution.device_mesh
+    devices = np.asarray(mesh.devices)
+    k = list(mesh.axis_names).index(axis)
+    return [[str(d) for d in row]
+            for row in np.moveaxis(devices, k, -1).reshape(-1, devices.shape[k])]
+
+
+def _task_of(device: str) -> int:
+    """The task index in a `/job:worker/replica:0/task:T/...` name (0 for a local name)."""
+    for part in device.split("/"):
+        if part.startswith("task:"):
+            return int(part[5:])
+    return 0
+
+
+def axis_devices(distribution, axis: str) -> list[str]:
+    """This process's devices along mesh axis `axis`, as TensorFlow names them here."""
+    rows = _rows(distribution, axis)
+    mine = [r for r in rows if _task_of(r[0]) == backend.process_id()] or rows
+    return [local_name(d) for d in mine[0]]
+
+
+def local_name(device: str) -> str:
+    """A device as this process names it: '/job:worker/replica:0/task:1/device:CPU:0' and
+    'cpu:0' are both '/device:CPU:0'."""
+    if "/device:" in device:
+        return "/device:" + device.split("/device:")[-1]
+    return tf_device(device)
 
 
 def _data_parallel_strategy(distribution):
     """(strategy, what it is) for a distribution that keeps every weight whole."""
     devices = [str(d) for d in np.asarray(distribution.device_mesh.devices).flatten()]
-    dist = backend.distributed()
-    if dist is not None:
+    if backend.num_processes() > 1:
         expected = backend.list_devices()
-        if sorted(devices) != sorted(expected):
+        if sorted(devices) != sorted(expected) or len(expected) != backend.num_processes():
             raise ConfigError(
-                f"A DataParallel mesh over {devices} in a job of {dist.num_workers} processes: "
-                f"tfdist's multi_worker engine trains on every process's device, {expected}. "
-                "Build the mesh from keras.distribution.list_devices().")
+                f"A DataParallel mesh over {devices} in a job of {backend.num_processes()} "
+                f"processes: tfdist's multi_worker engine trains on one device of every "
+                f"process, {[d for d in expected if d.endswith(':0')]}. Build the mesh from "
+                "keras.distribution.list_devices(), without TFDIST_DEVICES.")
+        dist = backend.start_engine("multi_worker")
         return dist.strategy, "multi_worker (MultiWorkerMirroredStrategy)"
     from tfdist.strategies import mirrored
 
@@ -131,26 +172,44 @@ def strategy():
 
 
 def distribute_dataset(distribution, dataset, keras_part):
-    """What TensorFlow's multi-worker strategy is given for a global-batch `dataset`.
+    """What TensorFlow is given for a global-batch `dataset` when several processes train.
 
     Keras's `distribute_dataset` gives each process its rows of each global
     batch (`keras_part`: rebatched to the process's share, then every P-th
-    part). TensorFlow's strategy would split that again, and a dataset it
-    cannot count makes it run one extra, empty step at the end of an epoch
-    (Adam moves on zero gradients). So it gets the global-batch dataset and
-    cuts the same rows itself, sharded by data (`AutoShardPolicy.DATA`), with
-    the number of steps known. A dataset the user sharded already
-    (`auto_shard_dataset=False`) is handed on as this process's part.
+    part), a dataset TensorFlow cannot count, and Keras 3.15 on TensorFlow
+    then ends each epoch with one extra step on an empty batch (Adam moves on
+    zero gradients: measured, 9 steps on 8 batches). So the same rows are cut
+    with the number of steps kept: under multi_worker TensorFlow cuts them
+    itself (sharded by data, `AutoShardPolicy.DATA`); for ModelParallel
+    copies across processes each process slices its rows out of every
+    global batch. A dataset the user sharded already (`auto_shard_dataset=False`)
+    is handed on as this process's part.
     """
-    strategy_now = _ACTIVE["strategy"]
-    if (strategy_now is None or backend.num_processes() == 1
-            or distribution is not _ACTIVE["distribution"]):
+    processes = backend.num_processes()
+    if (processes == 1 or distribution is not _ACTIVE["distribution"]
+            or not distribution.auto_shard_dataset):
+        if _ACTIVE["strategy"] is not None and processes > 1:
+            # multi_worker has one replica per process: this process's rows are its replica's.
+            return _ACTIVE["strategy"].distribute_datasets_from_function(lambda ctx: keras_part)
         return keras_part
     import tensorflow as tf
 
-    if not distribution.auto_shard_dataset:
-        # multi_worker has one replica per process: this process's rows are its replica's.
-        return strategy_now.distribute_datasets_from_function(lambda context: keras_part)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return strategy_now.experimental_distribute_dataset(dataset.with_options(options))
+    if _ACTIVE["strategy"] is not None:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA)
+        return _ACTIVE["strategy"].experimental_distribute_dataset(dataset.with_options(options))
+    return dataset.map(rows_of_process(backend.process_id(), processes))
+
+
+def rows_of_process(index: int, count: int):
+    """A `Dataset.map` function: process `index`'s contiguous share of each batch's rows."""
+    import tensorflow as tf
+
+    def cut(*batch):
+        rows = tf.shape(tf.nest.flatten(batch)[0])[0]
+        start, stop = index * rows // count, (index + 1) * rows // count
+        part = tf.nest.map_structure(lambda t: t[start:stop], batch)
+        return part if len(batch) > 1 else part[0]
+
+    return cut

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
 
 from tfdist.errors import ConfigError
-from tfdist.keras_distribution import engine, layouts
+from tfdist.keras_distribution import backend, engine, layouts
 
 # model -> (distribution, its tensor-parallel copy): kept beside the model, not on it.
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -36,15 +35,6 @@ def weights_of(model, distribution) -> list[layouts.Weight]:
             out.append(layouts.Weight(v.path, tuple(int(d) for d in v.shape), layer.name,
                                       type(layer).__name__, axes))
     return out
-
-
-def axis_devices(distribution, axis: str) -> list[str]:
-    """The TensorFlow names of the devices along mesh axis `axis` (first copy's)."""
-    mesh = distribution.device_mesh
-    devices = np.asarray(mesh.devices)
-    k = list(mesh.axis_names).index(axis)
-    row = np.moveaxis(devices, k, -1).reshape(-1, devices.shape[k])[0]
-    return [engine.tf_device(str(d)) for d in row]
 
 
 def describe(weights, splits, devices) -> str:
@@ -81,8 +71,8 @@ def for_model(model, distribution):
     weights = weights_of(model, distribution)
     axis, _ = engine.model_axis(distribution)
     splits = layouts.plan(weights, engine.mesh_sizes(distribution),
-                          distribution.batch_dim_name, processes=1)
-    devices = axis_devices(distribution, axis)
+                          distribution.batch_dim_name, processes=1)  # one copy per process
+    devices = engine.axis_devices(distribution, axis)
     roles = {s.layer: s.role for s in splits}
 
     def copy(layer):
@@ -94,26 +84,47 @@ def for_model(model, distribution):
 
     clone = keras.models.clone_model(model, clone_function=copy)
     surgery.copy_weights(model, clone)
+    copies = backend.num_processes()
+    over = ("" if copies == 1 else
+            f", {copies} copies across processes (shm)")
     engine.say(f"keras.distribution.ModelParallel -> tensor parallel over {axis!r} "
-               f"({len(devices)} devices), num_replicas=1, processes=1: "
+               f"({len(devices)} devices){over}, num_replicas={copies}, processes={copies}: "
                + (describe(weights, splits, devices) or "no weight split"))
     _COPIES[model] = (distribution, clone)
     return clone
 
 
+def compile_like(clone, config) -> None:
+    """Compiles `clone` as the model is (`config`), its optimizer all-reducing across
+    processes when copies train together (the engine's wrapper)."""
+    from keras.src.saving import serialization_lib
+
+    from tfdist.model_parallel import tensor_parallel
+
+    kwargs = serialization_lib.deserialize_keras_object(config)
+    dist = backend.distributed()
+    if dist is not None:
+        kwargs["optimizer"] = dist.optimizer(kwargs["optimizer"])
+        kwargs.update(dist.compile_kwargs())
+    clone.compile(**kwargs)
+    tensor_parallel.check_optimizer(clone.optimizer, clone.layers)
+
+
 def run(model, method: str, original, args, kwargs):
     """`model.<method>(*args, **kwargs)` on its tensor-parallel copy (`fit` brings the weights back)."""
-    from tfdist.model_parallel import surgery, tensor_parallel
+    from tfdist.model_parallel import surgery
 
     if not model.compiled and method != "predict":
         return original(model, *args, **kwargs)  # Keras's own error for an uncompiled model
     clone = for_model(model, engine.current())
     config = model.get_compile_config() if model.compiled else None
     if config is not None and _COMPILED.get(clone) != config:
-        clone.compile_from_config(config)  # as the model is compiled now
-        tensor_parallel.check_optimizer(clone.optimizer, clone.layers)
+        compile_like(clone, config)
         _COMPILED[clone] = config
     surgery.copy_weights(model, clone)
+    dist = backend.distributed()
+    if dist is not None and method == "fit":  # rank 0's start, metrics averaged
+        kwargs = {**kwargs, "callbacks": [*dist.callbacks(), *(kwargs.get("callbacks") or [])]}
     out = original(clone, *args, **kwargs)  # the copy runs as a plain Keras model
     if method == "fit":
         surgery.copy_weights(clone, model)
