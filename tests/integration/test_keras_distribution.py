@@ -44,7 +44,8 @@ def test_the_guide_trains_to_one_devices_weights(tmp_path):
     one, two, four = run_py_many(
         [[SCRIPT, "local", str(local)], [*launch, "processes", str(procs)],
          [*launch, "hybrid", str(hybrid)]],
-        envs=[clean_env(TFDIST_DEVICES="2"), None, clean_env(TFDIST_DEVICES="2")])
+        envs=[clean_env(TFDIST_DEVICES="2"), clean_env(TFDIST_DEVICES="1"),
+              clean_env(TFDIST_DEVICES="2")])
     for proc in (one, two, four):
         assert proc.returncode == 0, tail(proc)
     single = _weights(local, "single-0")

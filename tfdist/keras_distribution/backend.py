@@ -46,22 +46,27 @@ def _local(device_type: str | None):
 
 
 def local_count(kind: str) -> int:
-    """This process's devices of `kind`, without starting TensorFlow's runtime."""
-    import tensorflow as tf
+    """This process's devices of `kind`, counted without starting TensorFlow's runtime.
 
-    from tfdist.cluster import local_devices_requested
+    CPUs: the logical devices the CPU is split into (TFDIST_DEVICES, or a
+    split configured by hand), else 1. GPUs: the physical GPUs.
+    """
+    import tensorflow as tf
 
     if kind == "GPU":
         return len(tf.config.list_physical_devices("GPU"))
-    return max(1, local_devices_requested()) if not tf.config.list_physical_devices("GPU") else 1
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    split = tf.config.get_logical_device_configuration(cpu)
+    return len(split) if split else 1
 
 
 def list_devices(device_type=None):
     """This job's devices: GPUs, else CPUs (`TFDIST_DEVICES=N` splits the CPU into N).
 
     After `initialize()` for several processes, every process's devices,
-    named `/job:worker/replica:0/task:T/device:CPU:I`, counted without starting
-    TensorFlow's runtime (the multi-process engine must start first).
+    named `/job:worker/replica:0/task:T/device:CPU:I`. Counted without
+    starting TensorFlow's runtime, so `list_devices()` may come before
+    `initialize()` and the engine still starts.
 
     Args:
         device_type: "cpu" or "gpu"; None: GPUs when there are any, else CPUs.
@@ -71,6 +76,7 @@ def list_devices(device_type=None):
     """
     import tensorflow as tf
 
+    configure_runtime()
     kind = device_type.upper() if device_type else None
     if kind is None:
         kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
@@ -78,8 +84,7 @@ def list_devices(device_type=None):
     if info is not None:
         return [f"/job:worker/replica:0/task:{t}/device:{kind}:{i}"
                 for t in range(info.num_workers) for i in range(local_count(kind))]
-    configure_runtime()
-    return [f"{kind.lower()}:{d.name.split(':')[-1]}" for d in _local(kind)]
+    return [f"{kind.lower()}:{i}" for i in range(local_count(kind))]
 
 
 def get_device_count(device_type=None):
