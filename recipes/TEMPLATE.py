@@ -12,7 +12,8 @@ Import Keras and TensorFlow inside the functions: tfdist loads the recipe to
 check your flags before TensorFlow starts. Required: DEFAULTS, build_model,
 build_dataset, and compile_kwargs (the loss) unless train_step computes
 one. Optional: check_config, build_optimizer, callbacks, train_step, predict
-(delete the ones you do not need; tfdist's defaults take over).
+(delete the ones you do not need; tfdist's defaults take over), and
+distribution (commented out at the end: it replaces --strategy).
 
 This one learns a noisy linear 4-class problem it generates (no download).
 """
@@ -152,3 +153,15 @@ def predict(model, inputs, cfg):
         rows.append(row)
     logits = model.predict(np.array(rows, dtype="float32"), verbose=0)
     return [str(int(c)) for c in np.argmax(logits, axis=1)]
+
+
+# Optional, in Keras's terms: a keras.distribution in place of --strategy and
+# --tensor-parallel (`--devices N` says how many devices list_devices() shows).
+# DataParallel becomes mirrored (multi_worker over several processes); a LayoutMap
+# (ModelParallel) on a (1, N) mesh becomes --tensor-parallel N, and must split
+# exactly the feed-forward Dense pairs (docs/keras_distribution.md).
+#
+# def distribution(cfg):
+#     import keras
+#
+#     return keras.distribution.DataParallel(devices=keras.distribution.list_devices())

@@ -27,7 +27,10 @@ A recipe is a small Python module with:
   replica inside `fit`; the optimizer all-reduces the gradients;
 * optionally ``predict(model, inputs, cfg)``: what `python -m tfdist.predict
   RUN_DIR INPUT...` prints for the trained model, one result per INPUT string
-  (`tfdist.predict`).
+  (`tfdist.predict`);
+* optionally ``distribution(cfg)``: a `keras.distribution` DataParallel,
+  ModelParallel or LayoutMap, in place of `--strategy` and `--tensor-parallel`
+  (`tfdist.keras_distribution.recipes`; docs/keras_distribution.md).
 
 `recipes/TEMPLATE.py` is a copyable recipe with every member. Recipes import
 Keras/TensorFlow inside these functions, so that loading one to validate
@@ -53,7 +56,7 @@ from tfdist.option import Option
 
 REQUIRED = ("DEFAULTS", "build_model", "build_dataset")
 OPTIONAL_FUNCTIONS = ("check_config", "compile_kwargs", "build_optimizer", "callbacks",
-                      "train_step", "predict")
+                      "train_step", "predict", "distribution")
 
 
 def _shipped_dir(package: str) -> str:
@@ -292,6 +295,10 @@ def build_model(recipe: ModuleType, cfg: dict):
     if not isinstance(model, keras.Model):
         raise ConfigError(f"{_where(recipe)}: build_model(cfg) must return a keras.Model. "
                           f"Received: {type(model).__name__}.")
+    if hasattr(recipe, "distribution"):  # its LayoutMap asks for what tfdist splits
+        from tfdist.keras_distribution import recipes
+
+        recipes.check_model(recipe, cfg, model)
     return model
 
 

@@ -45,6 +45,11 @@ def parse(argv: list[str]):
         name, argv = argv[0], argv[1:]
     recipe = recipe_lib.load(name)
     cfg = config.merge(recipe.DECLARED, argv, f"recipe {recipe.RECIPE_NAME}")
+    if hasattr(recipe, "distribution"):  # a keras.distribution in place of --strategy
+        from tfdist import cluster
+        from tfdist.keras_distribution import recipes
+
+        cfg = recipes.apply(recipe, cfg, cluster.detect())
     return recipe, cfg
 
 

@@ -7,7 +7,8 @@ ModelParallel on a (1, 2) mesh, and is refused a layout no split can honour;
 2 processes of `tfdist.launch` call `initialize()` and train under
 DataParallel, then again with process 1's labels changed; 2 processes x 2
 logical CPUs train under ModelParallel on a (2, 2) mesh (batch across
-processes, model within). Every run ends
+processes, model within); and digits_mlp, given a `distribution()` returning
+a LayoutMap, trains under `tfdist.train` as `--tensor-parallel 2`. Every run ends
 with one device's weights (rtol 1e-5: measured <= 1.2e-7 apart); with the
 labels changed the two processes still agree (they train together).
 """
@@ -20,9 +21,23 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, clean_env, run_py, run_py_many, tail
+from tests.conftest import REPO, WORKERS, clean_env, run_py, run_py_many, tail
 
 SCRIPT = os.path.join(WORKERS, "keras_guide.py")
+# digits_mlp choosing its distribution in Keras's terms (hidden/logits: its Dense pair).
+RECIPE_DISTRIBUTION = """
+
+def distribution(cfg):
+    import keras
+
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((1, len(devices)), ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["hidden/kernel"] = (None, "model")
+    layout_map["hidden/bias"] = ("model",)
+    layout_map["logits/kernel"] = ("model", None)
+    return layout_map
+"""
 pytestmark = pytest.mark.integration
 
 
@@ -40,13 +55,18 @@ def test_the_guide_trains_to_one_devices_weights(tmp_path):
     local, procs, hybrid = tmp_path / "local", tmp_path / "processes", tmp_path / "hybrid"
     for d in (local, procs, hybrid):
         d.mkdir()
+    recipe = tmp_path / "kd_digits.py"
+    with open(os.path.join(REPO, "recipes", "digits_mlp.py"), encoding="utf-8") as f:
+        recipe.write_text(f.read() + RECIPE_DISTRIBUTION)
     launch = ["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", SCRIPT]
-    one, two, four = run_py_many(
+    one, two, four, trained = run_py_many(
         [[SCRIPT, "local", str(local)], [*launch, "processes", str(procs)],
-         [*launch, "hybrid", str(hybrid)]],
+         [*launch, "hybrid", str(hybrid)],
+         ["-m", "tfdist.train", str(recipe), "--devices", "2", "--epochs", "1",
+          "--model-dir", str(tmp_path / "run")]],
         envs=[clean_env(TFDIST_DEVICES="2"), clean_env(TFDIST_DEVICES="1"),
-              clean_env(TFDIST_DEVICES="2")])
-    for proc in (one, two, four):
+              clean_env(TFDIST_DEVICES="2"), None])
+    for proc in (one, two, four, trained):
         assert proc.returncode == 0, tail(proc)
     single = _weights(local, "single-0")
 
@@ -75,6 +95,12 @@ def test_the_guide_trains_to_one_devices_weights(tmp_path):
     assert first == ["[worker 0] tfdist: keras.distribution.DataParallel -> multi_worker "
                      "(MultiWorkerMirroredStrategy), num_replicas=2, processes=2"], two.stdout
     assert json.loads((procs / "report-1.json").read_text())["num_processes"] == 2
+
+    # A recipe's LayoutMap in place of --strategy: tfdist.train's own tensor parallelism.
+    assert ("tfdist: recipe kd_digits's keras.distribution -> --strategy model_parallel "
+            "--devices 2 --tensor-parallel 2") in trained.stdout, trained.stdout
+    assert "2-way tensor parallel in each" in trained.stdout, trained.stdout
+    assert (tmp_path / "run" / "model.keras").exists()
 
     # 2 processes x 2 devices: batch across processes (shm), model within each.
     for pid in (0, 1):

@@ -19,22 +19,23 @@ from tfdist.errors import ConfigError
 _STATE: dict = {"cluster": None, "dist": None, "runtime": False}
 
 
-def configure_runtime() -> None:
-    """Splits the CPU into TFDIST_DEVICES logical devices, once, before TensorFlow's runtime starts."""
+def configure_runtime(wanted: int | None = None) -> None:
+    """Splits the CPU into `wanted` (default TFDIST_DEVICES) logical devices, once,
+    before TensorFlow's runtime starts."""
     if _STATE["runtime"]:
         return
     _STATE["runtime"] = True
     from tfdist.cluster import local_devices_requested
     from tfdist.strategies import devices
 
-    wanted = local_devices_requested()
+    wanted = local_devices_requested() if wanted is None else wanted
     try:
         devices.configure_runtime(cpu_devices=devices.cpu_split(wanted))
     except RuntimeError:
         if len(_local("CPU")) < wanted:
             raise ConfigError(
-                f"TFDIST_DEVICES={wanted} asks for {wanted} logical CPU devices, but TensorFlow's "
-                "runtime started before tfdist could split the CPU. Call "
+                f"{wanted} logical CPU devices were asked for (TFDIST_DEVICES or --devices), "
+                "but TensorFlow's runtime started before tfdist could split the CPU. Call "
                 "keras.distribution.list_devices() (or initialize()) before any TensorFlow "
                 "op.") from None
 
