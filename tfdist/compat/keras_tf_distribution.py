@@ -81,8 +81,13 @@ def install(functions: dict, hooks) -> None:
 
     @functools.wraps(original_set)
     def set_distribution(value):
+        previous = lib.distribution()
         original_set(value)
-        hooks.on_set(value)
+        try:
+            hooks.on_set(value)
+        except Exception:
+            original_set(previous)  # refused: the previous distribution stays current
+            raise
 
     lib.set_distribution = public.set_distribution = set_distribution
     original_dataset = lib.Distribution.distribute_dataset

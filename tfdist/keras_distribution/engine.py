@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfdist.errors import ConfigError
-from tfdist.keras_distribution import backend
+from tfdist.keras_distribution import backend, layouts
 
 # The strategy scope entered for the distribution set now: (distribution, strategy, scope).
 _ACTIVE: dict = {"distribution": None, "strategy": None, "scope": None, "said": set()}
@@ -65,25 +65,45 @@ def is_split(distribution) -> bool:
 
 
 def on_set(distribution) -> None:
-    """Makes `distribution` (or None) current: leaves the previous strategy scope, enters its own."""
+    """Makes `distribution` (or None) current: leaves the previous strategy scope, enters its own.
+
+    Everything that may refuse runs first, so a refused distribution leaves
+    the previous one current.
+    """
     if distribution is _ACTIVE["distribution"]:
         return
-    scope = _ACTIVE["scope"]
-    _ACTIVE.update(distribution=None, strategy=None, scope=None)
-    if scope is not None:
-        scope.__exit__(None, None, None)
-    if distribution is None:
+    strategy = what = None
+    if distribution is not None:
+        _check_batch_axis_weights(distribution)
+        if is_split(distribution):
+            _check_model_parallel(distribution)  # split when the model first runs (`split`)
+        else:
+            strategy, what = _data_parallel_strategy(distribution)
+    if _ACTIVE["scope"] is not None:
+        _ACTIVE["scope"].__exit__(None, None, None)
+    _ACTIVE.update(distribution=distribution, strategy=strategy, scope=None)
+    if strategy is None:
         return
-    _ACTIVE["distribution"] = distribution
-    if is_split(distribution):
-        _check_model_parallel(distribution)
-        return  # split when the model first runs (`tfdist.keras_distribution.split`)
-    strategy, what = _data_parallel_strategy(distribution)
-    scope = strategy.scope()
-    scope.__enter__()
-    _ACTIVE.update(strategy=strategy, scope=scope)
+    _ACTIVE["scope"] = strategy.scope()
+    _ACTIVE["scope"].__enter__()
     say(f"keras.distribution.{type(distribution).__name__} -> {what}, "
         f"num_replicas={strategy.num_replicas_in_sync}, processes={backend.num_processes()}")
+
+
+def _check_batch_axis_weights(distribution) -> None:
+    """A LayoutMap entry that splits weights over the batch axis is refused (sharded weights,
+    ZeRO-3, are not in tfdist yet); a layer output's layout may use it (Keras's guide does)."""
+    layout_map = getattr(distribution, "_layout_map", None)
+    if layout_map is None:
+        return
+    for key in layout_map:
+        axes = tuple(layout_map[key].axes)
+        if distribution.batch_dim_name in axes and not key.endswith("output"):
+            raise ConfigError(
+                f"The LayoutMap entry {key!r}, {axes}, splits weights over the batch axis "
+                f"{distribution.batch_dim_name!r}: that is fully sharded data parallel "
+                "(ZeRO-3), which tfdist does not have yet. Leave weights unsplit over the "
+                f"batch axis. {layouts.WHAT_WORKS}")
 
 
 def _check_model_parallel(distribution) -> None:
