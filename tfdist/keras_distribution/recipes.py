@@ -84,8 +84,9 @@ def apply(recipe, cfg, cluster):
             "distribution() from the recipe.")
     from tfdist.keras_distribution import backend
 
-    if cfg["devices"] > 1:  # what list_devices() shows, as TFDIST_DEVICES would
-        backend.configure_runtime(cfg["devices"])
+    devices = cfg.typed.adapter.devices
+    if devices > 1:  # what list_devices() shows, as TFDIST_DEVICES would
+        backend.configure_runtime(devices)
     options = options_for(distribution_of(recipe, cfg), cluster.num_workers)
     from tfdist.config import Config
 
