@@ -14,6 +14,19 @@ from tfdist.errors import ConfigError
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
+# Optimizers whose step for a variable reads the whole variable, not each element alone:
+# LAMB's trust ratio ||w|| / ||update||; Adafactor's step scaled by the RMS of the weight
+# and of the update, and its second moment factored into the means of rows and columns;
+# Muon's orthogonalised matrix. On a part of a weight (a tensor-parallel shard, a ZeRO
+# owner's part) they would compute these over the part. Keras class names; the one list
+# tensor parallelism and optimizer-state sharding refuse.
+WHOLE_WEIGHT_OPTIMIZERS = ("Lamb", "Adafactor", "Muon")
+
+
+def reads_whole_weights(name: str) -> bool:
+    """Whether optimizer `name` (class or option name, any case) is a whole-weight one."""
+    return name.lower() in {n.lower() for n in WHOLE_WEIGHT_OPTIMIZERS}
+
 
 def check(options) -> None:
     """Validates how optimizer options combine (each one's own range is

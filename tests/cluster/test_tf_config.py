@@ -114,3 +114,18 @@ def test_evaluator_in_the_cluster_is_allowed_for_workers():
            "task": {"type": "worker", "index": 1}}
     info = detect(_env(cfg))
     assert (info.num_workers, info.worker_index) == (2, 1)
+
+
+def test_training_workers_of_a_parameter_server_job_are_its_worker_tasks():
+    import json
+
+    from tfdist.cluster import detect
+
+    spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+            "ps": ["127.0.0.1:4"]}
+    ps_job = detect({"TF_CONFIG": json.dumps({"cluster": spec,
+                                              "task": {"type": "worker", "index": 0}})})
+    assert ps_job.training_workers == 2
+    sync = detect({"TF_CONFIG": json.dumps({"cluster": {"worker": spec["worker"]},
+                                            "task": {"type": "worker", "index": 1}})})
+    assert sync.training_workers == sync.num_workers == 2

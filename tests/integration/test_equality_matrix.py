@@ -75,7 +75,7 @@ JOBS = {
                             "--models", TENSOR_PARALLEL]),
 }
 # The matrix's optimizers that tensor parallelism refuses: they read whole variables
-# (tfdist.model_parallel.tensor_parallel.WHOLE_WEIGHT_OPTIMIZERS).
+# (tfdist.optim.WHOLE_WEIGHT_OPTIMIZERS).
 WHOLE_WEIGHT = ("lamb", "adafactor")
 
 

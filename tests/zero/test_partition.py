@@ -106,10 +106,14 @@ def test_optimizers_that_read_a_whole_weight_are_refused(optimizer, strategy):
     strategies.REGISTRY["shm"].check_config(plain.typed, _info())
 
 
-def test_whole_weight_list_is_tensor_parallels():
-    from tfdist.model_parallel.tensor_parallel import WHOLE_WEIGHT_OPTIMIZERS
+def test_every_whole_weight_optimizer_is_refused_by_either_name():
+    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS
 
-    assert sorted(n.lower() for n in WHOLE_WEIGHT_OPTIMIZERS) == sorted(partition.WHOLE_WEIGHT)
+    for name in WHOLE_WEIGHT_OPTIMIZERS:  # one list, read by tensor parallel too
+        for spelled in (name, name.lower()):
+            with pytest.raises(ConfigError, match=f"does not apply to {spelled}"):
+                partition.check_optimizer(spelled)
+    partition.check_optimizer("adam")
 
 
 def test_setup_takes_the_keyword():

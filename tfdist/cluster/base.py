@@ -82,6 +82,13 @@ class ClusterInfo:
         return max(self.num_workers, sum(len(v) for v in spec.values()))
 
     @property
+    def training_workers(self) -> int:
+        """Processes that compute gradients: a parameter-server job's 'worker' tasks (its
+        chief coordinates, its ps tasks hold variables), else every worker."""
+        spec = (self.tf_config or {}).get("cluster", {})
+        return len(spec.get("worker", [])) if spec.get("ps") else self.num_workers
+
+    @property
     def origin(self) -> str:
         """Where the job's size was read, for messages: 'tfdist.launch (TF_CONFIG)', 'Slurm'..."""
         variable = {"tf_config": "TF_CONFIG", "slurm": "SLURM_NTASKS",

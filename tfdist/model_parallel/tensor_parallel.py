@@ -35,11 +35,6 @@ def is_tensor_parallel(layer) -> bool:
     return bool(getattr(layer, "_tfdist_tensor_parallel", False))
 
 
-# Optimizers whose step for a variable reads the whole variable, not each element alone:
-# LAMB's trust ratio ||w|| / ||update||; Adafactor's step scaled by the RMS of the weight
-# and of the update, and its second moment factored into the means of rows and columns;
-# Muon's orthogonalised matrix. On a shard they compute these over the shard.
-WHOLE_WEIGHT_OPTIMIZERS = ("Lamb", "Adafactor", "Muon")
 
 
 def check_optimizer(optimizer, layers) -> None:
@@ -49,7 +44,7 @@ def check_optimizer(optimizer, layers) -> None:
     holds each plain weight as shards, one variable per device. An
     elementwise update (SGD, Adam, RMSprop, Lion, ...) and `global_clipnorm`
     (one norm over every variable) take the same step on the shards as on
-    the weight. Per-variable `clipnorm` and the `WHOLE_WEIGHT_OPTIMIZERS` do
+    the weight. Per-variable `clipnorm` and `tfdist.optim.WHOLE_WEIGHT_OPTIMIZERS` do
     not: each shard would be clipped or scaled by its own statistics. Measured
     on the equality matrix's models, 6 steps, 2-way: LAMB ends up to 1.6e-3
     (absolute) from one device and Adafactor up to 1.7, against 1e-5 for
@@ -77,6 +72,8 @@ def check_optimizer(optimizer, layers) -> None:
             f"{inner.clipnorm}), but {where} hold each weight as shards, so each shard would "
             "be clipped alone. Use global_clipnorm (tfdist's --clipnorm is global), "
             "or no tensor parallelism.")
+    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS
+
     for name in WHOLE_WEIGHT_OPTIMIZERS:
         cls = getattr(keras.optimizers, name, None)
         if cls is not None and isinstance(inner, cls):

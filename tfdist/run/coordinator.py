@@ -374,10 +374,9 @@ class CoordinatorLoop(loop.Loop):
 
         adapter = run.choice.candidates[0]
         recipe_lib.check_hooks_for_own_loop(run.recipe, adapter.name)
-        num_workers = len(run.cluster.tf_config["cluster"]["worker"])
         opts = run.settings.instruments
         for instrument in instruments.active(opts):  # counted among the job's workers
-            instrument.check(opts, num_workers)
+            instrument.check(opts, run.cluster.training_workers)
         if not adapter.runs_loop(run.cluster):
             return loop.serve(run)
         loop.start_tensorflow(run.settings)

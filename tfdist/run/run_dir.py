@@ -98,11 +98,10 @@ def default_model_dir(recipe_name: str, cfg: dict, cluster, gpus_possible: bool 
         name = strategies.resolve_name(asked, cluster, devices, gpus=0)
     else:
         name = asked
-    spec = (cluster.tf_config or {}).get("cluster", {})
-    num_ps = len(spec.get("ps", []))
+    num_ps = len((cluster.tf_config or {}).get("cluster", {}).get("ps", []))
     # tfdist.launch's -n, not the survivors --min-workers relaunched: they go on with the run.
-    workers = len(spec.get("worker", [])) if num_ps else (cluster.job_workers
-                                                          or cluster.num_workers)
+    workers = cluster.training_workers if num_ps else (cluster.job_workers
+                                                       or cluster.num_workers)
     name += layout_name(name, settings, workers, num_ps)
     if cluster.source == "slurm":
         name += "-slurm"

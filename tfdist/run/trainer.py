@@ -60,7 +60,7 @@ def check_before_tensorflow(settings: Settings, cluster, choice=None) -> None:
     # for every adapter `auto` may become once TensorFlow counts the GPUs.
     choice.check_config(settings)
     for instrument in instruments.active(settings.instruments):  # e.g. the benchmarks' slow worker
-        instrument.check(settings.instruments, cluster.num_workers)
+        instrument.check(settings.instruments, cluster.training_workers)
 
 
 def describe_peer_failure(lost, cluster, name_of=None) -> str | None:

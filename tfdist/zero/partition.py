@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from tfdist.errors import ConfigError
 
-# Optimizers whose step reads a whole weight (LAMB's trust ratio, Adafactor's factored
-# moments and RMS scaling, Muon's orthogonalisation), by lower-case name; the same
-# set tensor parallel refuses (`tfdist.model_parallel.tensor_parallel.WHOLE_WEIGHT_OPTIMIZERS`).
-WHOLE_WEIGHT = ("lamb", "adafactor", "muon")
 
 
 def owners(sizes: list[int], n: int) -> list[int]:
@@ -88,10 +84,13 @@ def check_optimizer(name: str) -> None:
     Raises:
         ConfigError: naming it.
     """
-    if name.lower() in WHOLE_WEIGHT:
+    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS, reads_whole_weights
+
+    if reads_whole_weights(name):
+        whole = ", ".join(n.lower() for n in WHOLE_WEIGHT_OPTIMIZERS)
         raise ConfigError(
             f"--shard-optimizer-state does not apply to {name}: its update reads a whole "
-            f"weight at once ({', '.join(WHOLE_WEIGHT)} do), and a worker's part of the state "
+            f"weight at once ({whole} do), and a worker's part of the state "
             f"need not hold whole weights. Received: optimizer={name!r}. Use an elementwise "
             "optimizer (sgd, adam, adamw, rmsprop, ...) or drop --shard-optimizer-state.")
 
