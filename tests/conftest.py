@@ -173,12 +173,12 @@ def tail(proc: subprocess.CompletedProcess, n: int = 3000) -> str:
 
 @contextlib.contextmanager
 def namespaced_hosts(num_hosts: int, rate: str | None = None, prefix: str = "t"):
-    """A `tfdist.hosts.Cluster` of `num_hosts` hosts under a unique name, always torn down.
+    """A `tfdist.hosts.HostRig` of `num_hosts` hosts under a unique name, always torn down.
 
     Skips, saying why, when namespaces cannot be made here; under CI (CI set)
     that is a failure instead.
     """
-    from tfdist.hosts import Cluster, unavailable
+    from tfdist.hosts import HostRig, unavailable
 
     reason = unavailable()
     if reason:
@@ -186,7 +186,7 @@ def namespaced_hosts(num_hosts: int, rate: str | None = None, prefix: str = "t")
             pytest.fail(f"CI needs namespaced hosts: {reason}")
         pytest.skip(reason)
     name = f"{prefix}{os.getpid() % 100000}-{uuid.uuid4().hex[:6]}"
-    cluster = Cluster(name)
+    cluster = HostRig(name)
     try:
         yield cluster.up(num_hosts, rate=rate)
     finally:

@@ -219,7 +219,7 @@ def test_allreduce_across_hosts_is_bounded_by_the_shaped_link(tmp_path):
     # The link is the limit (the shaping works) and the ring gets a fair part of it.
     assert 0.2 < point["busbw_over_link"] < 1.1, point
     assert "of the link rate" in stdout
-    from tfdist.hosts.cluster import STATE_ROOT
+    from tfdist.hosts.rig import STATE_ROOT
     left = [n for n in (os.listdir(STATE_ROOT) if os.path.isdir(STATE_ROOT) else [])
             if n.startswith("tfdist-bench-")]
     assert left == [], left  # the run's own cluster is gone

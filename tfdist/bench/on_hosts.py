@@ -89,16 +89,16 @@ def shaped_hosts(num_hosts: int, rate: str):
 
     Clusters that killed bench runs left behind are removed first.
     """
-    from tfdist.hosts import Cluster, unavailable
-    from tfdist.hosts.cluster import STATE_ROOT
+    from tfdist.hosts import HostRig, unavailable
+    from tfdist.hosts.rig import STATE_ROOT
 
     reason = unavailable()
     if reason:
         raise SystemExit(f"error: --hosts needs namespaced hosts: {reason}")
     existing = os.listdir(STATE_ROOT) if os.path.isdir(STATE_ROOT) else []
     for name in stale_clusters(existing, _alive):
-        Cluster(name).down()
-    cluster = Cluster(cluster_name(os.getpid()))
+        HostRig(name).down()
+    cluster = HostRig(cluster_name(os.getpid()))
     cluster.up(num_hosts, rate=rate)
     try:
         yield cluster

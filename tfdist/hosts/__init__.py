@@ -26,7 +26,7 @@ namespace's /etc/hosts.
 
 ssh:
     - From the root namespace: `ssh -F /run/tfdist-hosts/NAME/ssh_config h1 hostname`
-      (the path is `Cluster(NAME).ssh_config` or `python -m tfdist.hosts ssh-config`).
+      (the path is `HostRig(NAME).ssh_config` or `python -m tfdist.hosts ssh-config`).
       It pins the hosts' key in its own known_hosts; ~/.ssh is never touched.
     - On any host (`exec`, or inside an ssh session): plain `ssh h1 hostname`
       works, because `ip netns exec` mounts the cluster's ssh_config over
@@ -38,10 +38,10 @@ ssh:
 
 Python API (for tests and benches)::
 
-    from tfdist.hosts import Cluster, unavailable
+    from tfdist.hosts import HostRig, unavailable
 
     reason = unavailable()          # None, or why namespaces cannot be made here
-    c = Cluster("t-mine").up(2, rate="1gbit")   # HostsError on failure (cleaned up)
+    c = HostRig("t-mine").up(2, rate="1gbit")   # HostsError on failure (cleaned up)
     try:
         c.hosts                     # [Host(name='h0', netns='t-mine-h0', address='198.18.x.1', ...), ...]
         c.address("h1")             # '198.18.x.2'
@@ -55,11 +55,11 @@ Python API (for tests and benches)::
     finally:
         c.down()                    # idempotent; also cleans up a half-made cluster
 
-`Cluster(name)` itself changes nothing; `Cluster(name).down()` removes a
+`HostRig(name)` itself changes nothing; `HostRig(name).down()` removes a
 cluster made by another process (e.g. by the command line).
 """
 
-from tfdist.hosts.cluster import Cluster, HostsError, ensure_sshd, unavailable
+from tfdist.hosts.rig import HostRig, HostsError, ensure_sshd, unavailable
 from tfdist.hosts.plan import Host, Plan
 
-__all__ = ["Cluster", "Host", "HostsError", "Plan", "ensure_sshd", "unavailable"]
+__all__ = ["HostRig", "Host", "HostsError", "Plan", "ensure_sshd", "unavailable"]

@@ -13,7 +13,7 @@ import sys
 
 from tfdist import exit_codes
 from tfdist.hosts import plan as planlib
-from tfdist.hosts.cluster import Cluster, HostsError, ensure_sshd
+from tfdist.hosts.rig import HostRig, HostsError, ensure_sshd
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     name = getattr(args, "cluster", "tfdist")
     try:
-        cluster = Cluster(name)
+        cluster = HostRig(name)
         if args.cmd == "exec":
             if not command:
                 print("tfdist.hosts: no command after '--'. Example: python -m tfdist.hosts "

@@ -67,7 +67,7 @@ def _describe(code: int, host: str | None) -> str:
 
 def _default_ssh_config() -> str | None:
     """The namespaced `tfdist` cluster's ssh config when it is up, else None (the user's)."""
-    from tfdist.hosts import Cluster
+    from tfdist.hosts import HostRig
 
-    path = Cluster().ssh_config
+    path = HostRig().ssh_config
     return path if os.path.exists(path) else None

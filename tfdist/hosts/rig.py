@@ -1,4 +1,4 @@
-"""`Cluster`: build, inspect and remove a namespaced test cluster (needs root).
+"""`HostRig`: build, inspect and remove a namespaced test cluster of hosts (needs root).
 
 Every system change goes through `_sh` (ip, tc, ssh-keygen, sshd), so what
 `up` does and what `down` undoes can be read side by side.
@@ -102,7 +102,7 @@ def _read_pid(path: str) -> int | None:
         return None
 
 
-class Cluster:
+class HostRig:
     """A set of namespaced hosts h0..h{N-1} on one bridge; see `tfdist.hosts`.
 
     Args:
@@ -160,7 +160,7 @@ class Cluster:
 
     # ---- building ----------------------------------------------------------------------
 
-    def up(self, num_hosts: int, rate: str | None = None) -> "Cluster":
+    def up(self, num_hosts: int, rate: str | None = None) -> "HostRig":
         """Creates `num_hosts` hosts with sshd running on each; returns self.
 
         Args:
