@@ -55,6 +55,13 @@ def install() -> None:
     from tfdist.keras_distribution import backend
 
     keras_tf_distribution.install({n: getattr(backend, n) for n in backend.NAMES}, _Hooks)
+    from tfdist.cluster import detect_console
+    from tfdist.compat import tf_startup_logs
+
+    with tf_startup_logs.filtered_stderr(not detect_console().tf_logs):
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()  # platform start-up, its noise hidden (the cuInit line)
     from tfdist.cluster import local_devices_requested
 
     if local_devices_requested():  # split the CPU now, before any op starts the runtime
