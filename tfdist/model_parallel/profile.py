@@ -169,7 +169,7 @@ def _accumulate_s(variables, repeats) -> float:
     """One add of a micro-batch's gradients of `variables` into the step's running sum.
 
     The pipeline adds each micro-batch's gradients after the first to a sum
-    (`PipelineModel._run_schedule`), in the action that made them, and the
+    (`pipeline_model.PipelineModel._run_schedule`), in the action that made them, and the
     device's next action waits for the sum (a control dependency). The sum
     is a temporary the add may overwrite, which TensorFlow does (no new
     buffer). So it is timed as the graph of two such adds, a + b and then,
@@ -194,7 +194,7 @@ def _accumulate_s(variables, repeats) -> float:
 def action_s(repeats: int = 11, actions: int = 256) -> float:
     """The fixed cost of one pipeline action, whatever its work: seconds, at least 0.
 
-    The pipeline's train step is one graph (`pipeline.PipelineModel._run_schedule`):
+    The pipeline's train step is one graph (`pipeline_model.PipelineModel._run_schedule`):
     each action is a few ops under its stage's device and a control dependency on
     its device's previous action, run by TensorFlow's executor. So the cost an
     action pays beyond its layers' is the executor's for its ops and that control

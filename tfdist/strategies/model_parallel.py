@@ -48,7 +48,7 @@ def transform_model(model, options, microbatches: int = 1, schedule: str = "gpip
             None: its parameters.
 
     Returns:
-        A `tfdist.model_parallel.pipeline` PipelineModel with `model`'s weights.
+        A `tfdist.model_parallel.pipeline_model.PipelineModel` with `model`'s weights.
     """
     from tfdist.model_parallel import pipeline, placement, plan
     from tfdist.strategies.devices import local_devices
