@@ -100,6 +100,19 @@ def plan(args) -> dict:
     return found[0]
 
 
+def _one_run(staged: dict, summary: dict, planner_step_s) -> dict:
+    """One schedule's run: its wall-clock step beside its traced step, bubble and memory."""
+    cpu = [proc["cpu_share"] for proc in staged["processes"] if proc["cpu_share"] is not None]
+    return {
+        "step_s": staged["median_step_s"], "traced_step_ms": summary["median_step_ms"],
+        "busy": [v["median_step_busy"] for v in summary["tasks"].values()],
+        "bubble": measured_bubble(summary),
+        "cpu_bubble": 1 - statistics.mean(cpu) if cpu else None,
+        "cpu_shares": cpu, "load_avg_1m": staged["load_avg_1m"],
+        "peak_bytes": [proc["train_peak_bytes"] for proc in staged["processes"]],
+        "final_loss": staged["final_loss"], "planner_step_s": planner_step_s}
+
+
 def measure(args, run_job, planned=None, trace=_trace) -> dict:
     """Runs the part. `run_job(argv, tasks, timeout, interval, bind=, warmup=, env=)` runs
     one job (`pipeline_processes._run`); `trace(logdir)` summarizes its trace.
@@ -139,17 +152,8 @@ def measure(args, run_job, planned=None, trace=_trace) -> dict:
                 summary = trace(logdir)
             finally:
                 shutil.rmtree(logdir, ignore_errors=True)
-            cpu = [proc["cpu_share"] for proc in staged["processes"]
-                   if proc["cpu_share"] is not None]
-            per[name].append({
-                "step_s": staged["median_step_s"], "traced_step_ms": summary["median_step_ms"],
-                "busy": [v["median_step_busy"] for v in summary["tasks"].values()],
-                "bubble": measured_bubble(summary),
-                "cpu_bubble": 1 - statistics.mean(cpu) if cpu else None,
-                "cpu_shares": cpu, "load_avg_1m": staged["load_avg_1m"],
-                "peak_bytes": [proc["train_peak_bytes"] for proc in staged["processes"]],
-                "final_loss": staged["final_loss"],
-                "planner_step_s": plans[-1]["predictions"].get(name, {}).get("step_s")})
+            per[name].append(_one_run(staged, summary,
+                                      plans[-1]["predictions"].get(name, {}).get("step_s")))
     out = {}
     for name in names:
         runs_ = per[name]

@@ -477,35 +477,44 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                 control = control_curve(base, base_tput, control_tries, counts)
                 controls.setdefault(recipe, {})[mode] = control
             for strategy, comp in engines:
-                points = [base] + [median_run(tries[(strategy, comp)][k]) for k in counts[1:]]
-                tput = [p["examples_per_s"] for p in points]
-                speedup, efficiency = speedups(tput, counts)
-                per_repeat = [[1.0] * repeats] + [
-                    paired_efficiencies(base_tput, [t["examples_per_s"]
-                                                    for t in tries[(strategy, comp)][k]], k)
-                    for k in counts[1:]]
-                curve = {"workers": counts, "speedup": speedup, "efficiency": efficiency,
-                         "efficiency_per_repeat": per_repeat,
-                         "efficiency_range": [[min(p), max(p)] for p in per_repeat],
-                         "noise": noise_flags(efficiency),
-                         "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
-                         "global_batch_size": [p["global_batch_size"] for p in points],
-                         "strategy": strategy, "grad_compression": comp, "runs": points}
+                curve = _curve(base, base_tput, tries[(strategy, comp)], counts, repeats,
+                               strategy, comp)
                 if control is not None:
                     curve.update(_against_control(curve, tries[(strategy, comp)], control,
                                                   control_tries, repeats))
                 if link:
-                    wire = compression_lib.wire_bytes(grad_bytes, comp)
-                    batches = [p["global_batch_size"] // k for p, k in zip(points, counts)]
-                    pred = predicted_steps(points[0]["step_s"], batches, counts, wire, link)
-                    curve.update(
-                        grad_bytes=grad_bytes, wire_bytes=wire, predicted_step_s=pred,
-                        # throughput_K / (K x throughput_1), with the predicted step.
-                        predicted_efficiency=[points[0]["step_s"] * b / batches[0] / p
-                                              for p, b in zip(pred, batches)])
+                    curve.update(_predicted(curve["runs"], counts, grad_bytes, comp, link))
                 results.setdefault(recipe, {}).setdefault(
                     engine_name(strategy, comp), {})[mode] = curve
     return results, baselines, controls
+
+
+def _curve(base, base_tput, tries, counts, repeats, strategy, comp) -> dict:
+    """One engine's scaling curve: the baseline, then the median run at each worker count."""
+    points = [base] + [median_run(tries[k]) for k in counts[1:]]
+    tput = [p["examples_per_s"] for p in points]
+    speedup, efficiency = speedups(tput, counts)
+    per_repeat = [[1.0] * repeats] + [
+        paired_efficiencies(base_tput, [t["examples_per_s"] for t in tries[k]], k)
+        for k in counts[1:]]
+    return {"workers": counts, "speedup": speedup, "efficiency": efficiency,
+            "efficiency_per_repeat": per_repeat,
+            "efficiency_range": [[min(p), max(p)] for p in per_repeat],
+            "noise": noise_flags(efficiency),
+            "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
+            "global_batch_size": [p["global_batch_size"] for p in points],
+            "strategy": strategy, "grad_compression": comp, "runs": points}
+
+
+def _predicted(points, counts, grad_bytes, comp, link) -> dict:
+    """The link model's prediction beside a curve (`--link`)."""
+    wire = compression_lib.wire_bytes(grad_bytes, comp)
+    batches = [p["global_batch_size"] // k for p, k in zip(points, counts)]
+    pred = predicted_steps(points[0]["step_s"], batches, counts, wire, link)
+    # throughput_K / (K x throughput_1), with the predicted step.
+    return {"grad_bytes": grad_bytes, "wire_bytes": wire, "predicted_step_s": pred,
+            "predicted_efficiency": [points[0]["step_s"] * b / batches[0] / p
+                                     for p, b in zip(pred, batches)]}
 
 
 class Progress:
