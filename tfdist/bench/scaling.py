@@ -477,8 +477,7 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
                 control = control_curve(base, base_tput, control_tries, counts)
                 controls.setdefault(recipe, {})[mode] = control
             for strategy, comp in engines:
-                curve = _curve(base, base_tput, tries[(strategy, comp)], counts, repeats,
-                               strategy, comp)
+                curve = _curve(base, base_tput, tries[(strategy, comp)], counts, strategy, comp)
                 if control is not None:
                     curve.update(_against_control(curve, tries[(strategy, comp)], control,
                                                   control_tries, repeats))
@@ -489,21 +488,36 @@ def _run_points(args, modes, strategies, compressions, link) -> tuple[dict, dict
     return results, baselines, controls
 
 
-def _curve(base, base_tput, tries, counts, repeats, strategy, comp) -> dict:
+def _curve(base, base_tput, tries, counts, strategy, comp) -> dict:
     """One engine's scaling curve: the baseline, then the median run at each worker count."""
     points = [base] + [median_run(tries[k]) for k in counts[1:]]
+    return {**efficiency_curve(points, base_tput, tries, counts),
+            "strategy": strategy, "grad_compression": comp, "runs": points}
+
+
+def efficiency_curve(points: list[dict], base_tput: list[float], tries: dict,
+                     counts: list[int]) -> dict:
+    """Pure function: speed-up, efficiency (median and per repeat, paired with the
+    baseline's repeat) and noise flags of `points` (one per worker count, the first the
+    baseline), with their examples/s, steps and global batches.
+
+    Args:
+        points: The median run at each of `counts`.
+        base_tput: The baseline's examples/s per repeat.
+        tries: Per K >= 2, the runs of each repeat.
+        counts: Worker counts, 1..N.
+    """
     tput = [p["examples_per_s"] for p in points]
     speedup, efficiency = speedups(tput, counts)
-    per_repeat = [[1.0] * repeats] + [
+    per_repeat = [[1.0] * len(base_tput)] + [
         paired_efficiencies(base_tput, [t["examples_per_s"] for t in tries[k]], k)
         for k in counts[1:]]
     return {"workers": counts, "speedup": speedup, "efficiency": efficiency,
             "efficiency_per_repeat": per_repeat,
             "efficiency_range": [[min(p), max(p)] for p in per_repeat],
-            "noise": noise_flags(efficiency),
-            "examples_per_s": tput, "step_s": [p["step_s"] for p in points],
-            "global_batch_size": [p["global_batch_size"] for p in points],
-            "strategy": strategy, "grad_compression": comp, "runs": points}
+            "noise": noise_flags(efficiency), "examples_per_s": tput,
+            "step_s": [p["step_s"] for p in points],
+            "global_batch_size": [p["global_batch_size"] for p in points]}
 
 
 def _predicted(points, counts, grad_bytes, comp, link) -> dict:
@@ -555,21 +569,10 @@ def control_curve(base: dict, base_tput: list[float], control_tries: dict,
         control_tries: Per K >= 2, the control points of each repeat (`one_control`).
         counts: Worker counts, 1..N.
     """
-    repeats = len(base_tput)
     points = [{**base, "workers": 1, "worker_step_s": [base["step_s"]],
                "worker_batch_size": [base["global_batch_size"]]}] + [
         median_control(control_tries[k]) for k in counts[1:]]
-    tput = [p["examples_per_s"] for p in points]
-    speedup, efficiency = speedups(tput, counts)
-    per_repeat = [[1.0] * repeats] + [
-        paired_efficiencies(base_tput, [t["examples_per_s"] for t in control_tries[k]], k)
-        for k in counts[1:]]
-    return {"workers": counts, "speedup": speedup, "efficiency": efficiency,
-            "efficiency_per_repeat": per_repeat,
-            "efficiency_range": [[min(p), max(p)] for p in per_repeat],
-            "noise": noise_flags(efficiency), "examples_per_s": tput,
-            "step_s": [p["step_s"] for p in points],
-            "global_batch_size": [p["global_batch_size"] for p in points],
+    return {**efficiency_curve(points, base_tput, control_tries, counts),
             "worker_step_s": [p["worker_step_s"] for p in points],
             "overlap_s": [p.get("overlap_s") for p in points],
             "tries_examples_per_s": [base_tput] + [

@@ -32,14 +32,6 @@ def say(line: str) -> None:
         print(f"tfdist: {line}", flush=True)
 
 
-def tf_device(name: str) -> str:
-    """A Keras device name ("cpu:1") as TensorFlow writes it ("/device:CPU:1")."""
-    if name.startswith("/"):
-        return name
-    kind, _, index = name.partition(":")
-    return f"/device:{kind.upper()}:{index or 0}"
-
-
 def mesh_sizes(distribution) -> dict[str, int]:
     """Mesh axis name -> devices along it."""
     mesh = distribution.device_mesh
@@ -155,11 +147,12 @@ def axis_devices(distribution, axis: str) -> list[str]:
 
 
 def local_name(device: str) -> str:
-    """A device as this process names it: '/job:worker/replica:0/task:1/device:CPU:0' and
-    'cpu:0' are both '/device:CPU:0'."""
+    """A device as TensorFlow names it in this process: Keras's 'cpu:1' is '/device:CPU:1',
+    and '/job:worker/replica:0/task:1/device:CPU:0' is '/device:CPU:0'."""
     if "/device:" in device:
         return "/device:" + device.split("/device:")[-1]
-    return tf_device(device)
+    kind, _, index = device.partition(":")
+    return f"/device:{kind.upper()}:{index or 0}"
 
 
 def _data_parallel_strategy(distribution):
@@ -177,7 +170,7 @@ def _data_parallel_strategy(distribution):
         return dist.strategy, "multi_worker (MultiWorkerMirroredStrategy)"
     from tfdist.strategies import mirrored
 
-    return (mirrored.build_on([tf_device(d) for d in devices]),
+    return (mirrored.build_on([local_name(d) for d in devices]),
             f"mirrored over {', '.join(devices)}")
 
 

@@ -137,9 +137,3 @@ def _check_biases(weights, mesh, splits) -> None:
                 f"is split only with a kernel split on its output axis over the same mesh axis. "
                 f"{WHAT_WORKS}")
 
-
-def parts(size: int, count: int) -> list[tuple[int, int]]:
-    """[start, stop) of each of `count` near-equal parts of `size` (the tensor-parallel bounds)."""
-    from tfdist.model_parallel.plan import shard_bounds
-
-    return shard_bounds(size, count)

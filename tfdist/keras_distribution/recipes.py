@@ -15,6 +15,8 @@ read before TensorFlow's runtime starts and becomes tfdist's own options:
 
 from __future__ import annotations
 
+import math
+
 from tfdist.errors import ConfigError
 
 REPLACED = ("strategy", "tensor_parallel")
@@ -45,9 +47,7 @@ def options_for(distribution, processes: int) -> dict:
     from tfdist.keras_distribution import engine
 
     sizes = engine.mesh_sizes(distribution)
-    devices = 1
-    for size in sizes.values():
-        devices *= size
+    devices = math.prod(sizes.values())
     axis, split = ((None, 1) if isinstance(distribution, keras.distribution.DataParallel)
                    else engine.model_axis(distribution))
     if split == 1:  # every weight whole: data parallel over every device

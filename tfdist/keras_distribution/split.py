@@ -39,6 +39,8 @@ def weights_of(model, distribution) -> list[layouts.Weight]:
 
 def describe(weights, splits, devices) -> str:
     """Where each split weight's parts live, for the chief's line."""
+    from tfdist.model_parallel.plan import shard_bounds
+
     roles = {s.layer: s.role for s in splits}
     parts = []
     for w in weights:
@@ -46,7 +48,7 @@ def describe(weights, splits, devices) -> str:
         if role is None or (w.path.endswith("/bias") and role == "row"):
             continue
         dim = 0 if (role == "row" or w.path.endswith("/bias")) else 1
-        bounds = layouts.parts(w.shape[dim], len(devices))
+        bounds = shard_bounds(w.shape[dim], len(devices))
         where = ", ".join(f"{d} [{a}:{b}]" for d, (a, b) in zip(devices, bounds))
         parts.append(f"{w.path} {w.shape} split on axis {dim}: {where}")
     return "; ".join(parts)
