@@ -29,3 +29,22 @@ def test_weights_slots_gradients_and_activations_per_process():
     table = memory_plan.format_rows([row]).splitlines()
     assert table[0].split()[:3] == ["process", "weights", "optimizer"]
     assert table[2].split()[0] == "CPU:0" and table[2].endswith("KiB")
+
+
+def test_a_dense_whose_gradient_waits_for_the_step_holds_it_once_and_its_rows():
+    import keras
+
+    from tfdist.model_parallel import pipeline
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64,))
+    h = keras.layers.Dense(64, activation="relu", name="d0")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(64, name="out")(h))
+    split = pipeline.split(model, ["/cpu:0", "/cpu:0"], microbatches=4, schedule="1f1b")
+    split.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    split.optimizer.build(split.trainable_variables)
+    # 4 rows a micro-batch, 16 a step: 16 x (64 + 64) kept < 64 x 64, for both layers.
+    (row,) = memory_plan.device_rows(split, microbatch_rows=4)
+    _, weights, _, gradients, _, _ = row
+    assert weights == 4 * 2 * (64 * 64 + 64)
+    assert gradients == weights + 2 * 4 * 16 * (64 + 64)  # once, and each layer's rows

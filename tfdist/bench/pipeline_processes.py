@@ -27,6 +27,10 @@ the chief (task 0) holding stage 0 and driving the run. Its parts:
 - schedules: 1F1B against interleaved 1F1B and zero bubble on P pinned stage
   processes, alternated, measured bubble against each schedule's formula
   (`tfdist.bench.pipeline_schedules`; not in the default parts).
+- versus: the pipeline against what a user would run instead, by the wall
+  clock: one process on all cores, `--strategy model_parallel`, the pipeline
+  in one process, and P pinned stage processes at each M, with a traced
+  breakdown of the stage run (`tfdist.bench.pipeline_versus`, #50).
 - chief: a whole run (train, back up, resume, final weights) on P stage
   processes, the chief's peak against its stage's share plus its role's
   baseline, the same run with 8-unit layers (`tfdist.bench.chief_peak`; #40's
@@ -49,12 +53,12 @@ import subprocess
 import sys
 import tempfile
 
-from tfdist.bench import chief_peak, memory, pipeline_schedules, runs
+from tfdist.bench import chief_peak, memory, pipeline_schedules, pipeline_versus, runs
 
 DESCRIPTION = ("pipeline stages in processes: per-process peak memory, pinned step time vs "
                "GPipe's ideal, GPipe vs 1F1B memory")
-PARTS = ("memory", "time", "schedule", "chief", "timeline", "schedules")
-DEFAULT_PARTS = PARTS[:4]
+PARTS = ("memory", "time", "schedule", "chief", "timeline", "schedules", "versus")
+DEFAULT_PARTS = ("memory", "versus", "schedule", "chief")
 MEMORY_MODEL = runs.LARGE_MLP
 # 4 Dense 2048x2048 layers (#29's shape): 2 equal stages of 2.
 TIME_MODEL = "model_parallel_mlp --hidden-layers 5 --hidden-units 2048"
@@ -108,6 +112,7 @@ def add_arguments(parser):
                         help="timeline part: keep the XPlane files here (default: a "
                              "temporary directory, removed)")
     pipeline_schedules.add_arguments(parser)
+    pipeline_versus.add_arguments(parser)
     chief_peak.add_arguments(parser)
     parser.add_argument("--interval", type=float, default=0.05,
                         help="seconds between memory samples")
@@ -338,6 +343,10 @@ def _schedules(args) -> dict:
     return pipeline_schedules.measure(args, _run)
 
 
+def _versus(args) -> dict:
+    return pipeline_versus.measure(args, _run)
+
+
 def run(args) -> dict:
     """Runs the parts asked for; returns the JSON-able result."""
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
@@ -350,7 +359,7 @@ def run(args) -> dict:
         if part in parts:
             out[part] = {"memory": _memory, "time": _time, "schedule": _schedule,
                          "chief": chief_peak.measure, "timeline": _timeline,
-                         "schedules": _schedules}[part](args)
+                         "schedules": _schedules, "versus": _versus}[part](args)
     out["load_avg_1m_end"] = runs.load_average()
     return out
 
@@ -433,6 +442,8 @@ def table(result) -> str:
                                  "gap ms", "op before", "op after"], rows))
     if "schedules" in result:
         out.append(pipeline_schedules.table(result))
+    if "versus" in result:
+        out.append(pipeline_versus.table(result))
     return "\n\n".join(out)
 
 
@@ -476,6 +487,8 @@ def plot(result, fig):
             ax.legend(fontsize=6)
         elif part == "schedules":
             pipeline_schedules.plot(result, ax)
+        elif part == "versus":
+            pipeline_versus.plot(result, ax)
         elif part == "chief":
             chief_peak.plot(result["chief"], ax)
         elif part == "timeline":

@@ -195,3 +195,62 @@ def summarize(ops: dict[int, list], steps: list[tuple], gap_ms: float = 1.0,
                        "median_step_gaps": sorted(gaps, key=lambda g: -g[1])[:top]}
     return {"window_ms": b - a, "steps": [e - s for s, e in whole],
             "median_step_ms": (median[1] - median[0]) if median else None, "tasks": tasks}
+
+
+# Keras optimizers' default names: their update ops run under a name scope of that name.
+OPTIMIZER_SCOPES = frozenset({"adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta",
+                              "adamax", "nadam", "ftrl", "lion", "lamb", "adafactor", "muon",
+                              "loss_scale_optimizer"})
+
+
+def op_kind(name: str) -> str:
+    """Pure function: the kind of a traced op, from its "scope/op:OpType" name.
+
+    Kinds: "send/recv" (a hand-off between tasks), "batched weight grads"
+    (`batched_weight_grads`' once-a-step Dense gradients), "update" (the
+    optimizer's ops), "forward matmul", "backward matmul" (under a gradient
+    tape), "adds" (running sums and other additions), "other".
+    """
+    scope, _, op_type = name.rpartition(":")
+    parts = scope.lower().split("/")
+    if op_type in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
+        return "send/recv"
+    if "batched_weight_grads" in parts:
+        return "batched weight grads"
+    if OPTIMIZER_SCOPES.intersection(parts) or op_type.startswith("ResourceApply"):
+        return "update"
+    if "MatMul" in op_type:
+        return "backward matmul" if any(p.startswith("gradient_tape") for p in parts) \
+            else "forward matmul"
+    if op_type in ("AddV2", "AddN"):
+        return "adds"
+    return "other"
+
+
+def by_kind(ops: dict[int, list], steps: list[tuple]) -> dict:
+    """Pure function: per task, its busy share of the whole traced steps and its ops'
+    milliseconds a step by `op_kind` (ops on two threads overlap: kinds can sum past
+    the step).
+
+    Returns:
+        {task: {"busy": share, "ms_per_step": {kind: ms}}}; empty without a whole step.
+    """
+    every = [iv for intervals in ops.values() for iv in intervals]
+    if not every:
+        return {}
+    a, b = min(s for s, _, _ in every), max(e for _, e, _ in every)
+    whole = [(s, e) for s, e in steps if s >= a and e <= b]
+    if not whole:
+        return {}
+    span = sum(e - s for s, e in whole)
+    out = {}
+    for task, intervals in sorted(ops.items()):
+        kinds: dict[str, float] = {}
+        for s, e, name in intervals:
+            if any(x <= s < y for x, y in whole):
+                kind = op_kind(name)
+                kinds[kind] = kinds.get(kind, 0.0) + (e - s)
+        busy_ms = sum(busy(intervals, s, e)[0] for s, e in whole)
+        out[task] = {"busy": busy_ms / span,
+                     "ms_per_step": {k: v / len(whole) for k, v in sorted(kinds.items())}}
+    return out

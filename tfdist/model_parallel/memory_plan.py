@@ -6,7 +6,10 @@ Per process (each stage task; in one process, each device), in bytes:
 - optimizer: its optimizer variables (Keras makes each slot beside its variable);
 - gradients: its trainable variables once (M = 1, one copy: each applied as it
   comes), or twice at M > 1 or with copies (a stage's running sum beside the
-  micro-batch's gradients its backward has just made);
+  micro-batch's gradients its backward has just made); a Dense layer whose
+  weight gradients are taken once a step (`batched_weight_grads`) counts its
+  weights once and the step's kept rows (its inputs and pre-activation
+  gradients) instead;
 - activations: the layer outputs of one micro-batch through its stages (the
   tensors a tape keeps, counted at each layer's output; a layer's internals,
   attention scores say, come on top), times the most micro-batches the
@@ -47,10 +50,16 @@ def device_rows(model, microbatch_rows: int) -> list[tuple]:
 
     trainable = {id(v) for v in model.trainable_variables}
     held = 1 if (model.microbatches == 1 and model.num_copies == 1) else 2
+    batched = {}
+    if model.microbatches > 1:
+        for stage in model.stages:
+            for weights, kept in _batched(stage, microbatch_rows * model.microbatches):
+                batched.update({id(v): stage.device for v in weights})
+                add(stage.device, 2, kept)
     for v in model.weights:
         add(placement.variable_device(v), 0, nbytes(v))
         if id(v) in trainable:
-            add(placement.variable_device(v), 2, held * nbytes(v))
+            add(placement.variable_device(v), 2, (1 if id(v) in batched else held) * nbytes(v))
     for v in getattr(model.optimizer, "variables", []):
         add(placement.variable_device(v), 1, nbytes(v))
     for stage, actions in zip(model.stages, model.schedule):
@@ -59,6 +68,30 @@ def device_rows(model, microbatch_rows: int) -> list[tuple]:
         entry = rows[process(stage.device)]
         entry[4] = max(entry[4], schedules.peak_in_flight(actions))
     return [(name, *values) for name, values in rows.items()]
+
+
+def _batched(stage, step_rows: int) -> list[tuple]:
+    """(weights, bytes kept a step) of each Dense call of `stage` whose weight gradients
+    are taken once a step over `step_rows` examples (`batched_weight_grads`)."""
+    import numpy as np
+
+    from tfdist.model_parallel import batched_weight_grads
+
+    out = []
+    for node in stage._nodes:
+        layer = node.operation
+        if (id(layer) not in stage._batchable or not batched_weight_grads.plain_dense(layer)
+                or len(node.input_tensors) != 1):
+            continue
+        shape = tuple(node.input_tensors[0].shape)[1:-1]
+        if any(d is None for d in shape):
+            continue
+        rows = step_rows * math.prod(shape)
+        units_in, units_out = int(layer.kernel.shape[0]), int(layer.kernel.shape[-1])
+        if batched_weight_grads.worth_batching(rows, units_in, units_out):
+            size = np.dtype(layer.kernel.dtype).itemsize
+            out.append((layer.trainable_weights, rows * (units_in + units_out) * size))
+    return out
 
 
 def _example_bytes(tensor) -> int:

@@ -18,7 +18,8 @@ from keras import tree
 
 from tfdist.errors import ConfigError
 from tfdist.model_parallel import graph as graph_lib
-from tfdist.model_parallel import placed_updates, schedules, surgery, update_order
+from tfdist.model_parallel import (batched_weight_grads, placed_updates, schedules, surgery,
+                                   update_order)
 from tfdist.model_parallel import stage as stage_lib
 
 _add = stage_lib.add_gradients
@@ -219,6 +220,11 @@ class PipelineModel(keras.Model):
         m, p = len(xs), len(self.schedule)
         stages = self.pipelines[c]
         split = any(a[0] == "I" for actions in self.schedule for a in actions)
+        # Over several micro-batches, Dense layers' weight gradients are taken once,
+        # at the step's end, over all of them (batched_weight_grads).
+        batching = m > 1
+        batched = {}  # (micro-batch, stage) -> its MicrobatchCalls, until its backward
+        waiting = [[] for _ in stages]  # each stage's backward-done DenseCalls
         tapes, ins, outs, targets, calls = {}, {}, {}, {}, {}
         upstream = {}
         sums = [[None] * len(stage.variables) for stage in stages]
@@ -237,22 +243,28 @@ class PipelineModel(keras.Model):
                 if kind == "F":
                     h = xs[i] if k == 0 else outs[(i, k - 1)]
                     with tf.GradientTape() as tape:
+                        if batching:
+                            batched[(i, k)] = batched_weight_grads.MicrobatchCalls(m)
                         if split:
-                            out, calls[(i, k)] = stage.forward_split(list(h), training=True)
+                            out, calls[(i, k)] = stage.forward_split(
+                                list(h), training=True, batched=batched.get((i, k)))
                             tape.watch([t for t in out if t.dtype.is_floating])
                         else:
                             if k > 0:  # the model's inputs (maybe tokens) need no gradient
                                 tape.watch([t for t in h if t.dtype.is_floating])
-                            out = stage.forward(list(h), training=True)
+                            out = stage.forward(list(h), training=True,
+                                                batched=batched.get((i, k)))
                         if stage.last:
                             targets[(i, k)] = loss(i, out)
                     tapes[(i, k)], ins[(i, k)], outs[(i, k)] = tape, h, out
                     last[d] = tree.flatten(out)
                 elif kind == "B":
+                    record = batched.pop((i, k), None)
                     grads, upstream[(i, k - 1)] = stage.backward(
                         tapes.pop((i, k)), ins.pop((i, k)),
                         targets.pop((i, k), None) or outs[(i, k)],
-                        upstream.pop((i, k), None))
+                        upstream.pop((i, k), None), batched=record)
+                    waiting[k] += record.calls if record else []
                     # Summed now, and the device's next action waits for the sum, so a
                     # stage holds one micro-batch's gradients beside its running sum,
                     # never M sets at once.
@@ -269,6 +281,8 @@ class PipelineModel(keras.Model):
                     ins.pop((i, k))
                     upstream[(i, k - 1)], calls[(i, k)] = stage.input_gradients(
                         calls.pop((i, k)), given)
+                    record = batched.pop((i, k), None)
+                    waiting[k] += record.calls if record else []
                     # The next action waits for this one's gradients (the output
                     # gradients kept for W where no input takes one).
                     last[d] = [_dense(t) for t in upstream[(i, k - 1)] if t is not None] or [
@@ -277,6 +291,10 @@ class PipelineModel(keras.Model):
                     grads = stage.weight_gradients(calls.pop((i, k)))
                     sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
                     last[d] = [_dense(t) for t in sums[k] if t is not None]
+        for k, stage in enumerate(stages):  # each after its own last backward
+            if waiting[k]:
+                grads = stage.batched_gradients(waiting[k])
+                sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
         return sums, losses, preds
 
     def save(self, filepath, *args, **kwargs):

@@ -45,6 +45,7 @@ class _Call:
     outputs: list  # (tensor id, value)
     variables: list
     given: list = dataclasses.field(default_factory=list)  # (output value, its gradient)
+    dense: object = None  # its batched_weight_grads.DenseCall, when its weights wait
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +103,22 @@ class Stage:
         self.inputs = graph.crossing(a)
         self.outputs = list(graph.outputs) if self.last else graph.crossing(b)
         self._nodes = keras_nodes[a:b]
+        # Layers whose weights only this stage trains may leave their weight
+        # gradients to the step's end (batched_weight_grads).
+        ours = {id(v) for v in self.variables}
+        self._batchable = {id(layer) for layer in self.layers if layer.trainable_weights
+                           and all(id(v) in ours for v in layer.trainable_weights)}
 
-    def forward(self, values, training=None):
+    def forward(self, values, training=None, batched=None):
         """Its layer calls on its device: its input tensors -> its output tensors.
 
         Args:
             values: Aligned with `inputs`.
             training: Passed to the layers that take it (None: their default).
+            batched: A `batched_weight_grads.MicrobatchCalls`: the Dense calls it
+                takes record their inputs and pre-activations, and `backward`
+                leaves those layers' weight gradients to `batched_gradients`
+                (None: every layer's weight gradients come from `backward`).
 
         Returns:
             A list aligned with `outputs`.
@@ -120,12 +130,16 @@ class Stage:
         with tf.device(self.device):
             for node in self._nodes:
                 layer, args, kwargs = _call(node, known, training)
-                out = layer(*args, **kwargs)
+                if (batched is not None and id(layer) in self._batchable and len(args) == 1
+                        and set(kwargs) <= {"training"} and batched.takes(layer, args[0])):
+                    out = batched.call(layer, args[0])
+                else:
+                    out = layer(*args, **kwargs)
                 for ref, value in zip(node.outputs, tree.flatten(out)):
                     known[id(ref)] = value
         return [known[i] for i in self.outputs]
 
-    def backward(self, tape, inputs, targets, upstream):
+    def backward(self, tape, inputs, targets, upstream, batched=None):
         """Its backward, from the tape of its forward.
 
         Args:
@@ -133,6 +147,9 @@ class Stage:
             inputs: The tensors its forward took.
             targets: Its outputs, or (last stage) the scaled loss.
             upstream: The next stage's gradients for `targets` (None: last stage).
+            batched: The `MicrobatchCalls` its forward recorded (None: none): their
+                pre-activations' gradients are set on them, and their layers'
+                weight gradients are left out (None) for `batched_gradients`.
 
         Returns:
             (its variables' gradients, its inputs' gradients), None where none flows.
@@ -145,14 +162,46 @@ class Stage:
         floating = [t for t in inputs if t.dtype.is_floating] if differentiable else []
         if not targets:
             return [None] * len(self.variables), [None] * len(inputs)
-        g = tape.gradient(targets, [*floating, *self.variables], output_gradients=given)
-        into, rest = iter(g[:len(floating)]), g[len(floating):]
+        calls = batched.calls if batched is not None else []
+        waiting = {id(v) for c in calls for v in c.layer.trainable_weights}
+        now = [v for v in self.variables if id(v) not in waiting]
+        g = tape.gradient(targets, [*floating, *now, *(c.z for c in calls)],
+                          output_gradients=given)
+        into = iter(g[:len(floating)])
+        made = dict(zip((id(v) for v in now), g[len(floating):len(floating) + len(now)]))
+        for c, dz in zip(calls, g[len(floating) + len(now):]):
+            c.dz = dz
         into_inputs = [next(into) if (differentiable and t.dtype.is_floating) else None
                        for t in inputs]
-        return list(rest), into_inputs
+        return [made.get(id(v)) for v in self.variables], into_inputs
 
-    def forward_split(self, values, training=None):
+    def batched_gradients(self, calls):
+        """The weight gradients `backward` left out, over a step's `DenseCall`s.
+
+        Args:
+            calls: Every micro-batch's batched calls through this stage, in
+                micro-batch order (their rows in the batch's order).
+
+        Returns:
+            Aligned with `variables`: a gradient where the calls give one, else None.
+        """
+        import tensorflow as tf
+
+        from tfdist.model_parallel import batched_weight_grads
+
+        layers = list({id(c.layer): c.layer for c in calls}.values())
+        made = {}
+        with tf.device(self.device):
+            for layer in layers:
+                made.update(batched_weight_grads.gradients(
+                    layer, [c for c in calls if c.layer is layer]))
+        return [made.get(id(v)) for v in self.variables]
+
+    def forward_split(self, values, training=None, batched=None):
         """`forward` with each layer call under a tape of its own (zero-bubble schedules).
+
+        `batched` as in `forward`: `input_gradients` sets its calls'
+        pre-activation gradients, and `weight_gradients` leaves their layers out.
 
         Returns:
             (outputs aligned with `outputs`, the calls' record for `input_gradients`).
@@ -170,14 +219,20 @@ class Stage:
                 layer, args, kwargs = _call(node, known, training)
                 ins = [(id(t), known[id(t)]) for t in dict.fromkeys(node.input_tensors)
                        if id(t) in needs and known[id(t)].dtype.is_floating]
+                dense = (batched is not None and id(layer) in self._batchable
+                         and len(args) == 1 and set(kwargs) <= {"training"}
+                         and batched.takes(layer, args[0]))
                 with tf.GradientTape(persistent=True) as tape:
                     tape.watch([v for _, v in ins])
-                    out = tree.flatten(layer(*args, **kwargs))
+                    out = tree.flatten(batched.call(layer, args[0]) if dense
+                                       else layer(*args, **kwargs))
                 for ref, value in zip(node.outputs, out):
                     known[id(ref)] = value
                     needs.add(id(ref))
-                calls.append(_Call(tape, ins, [(id(r), v) for r, v in zip(node.outputs, out)],
-                                   [v for v in layer.trainable_weights if id(v) in ours]))
+                calls.append(_Call(
+                    tape, ins, [(id(r), v) for r, v in zip(node.outputs, out)],
+                    [] if dense else [v for v in layer.trainable_weights if id(v) in ours],
+                    dense=batched.calls[-1] if dense else None))
         return [known[i] for i in self.outputs], calls
 
     def input_gradients(self, calls, upstream):
@@ -201,9 +256,12 @@ class Stage:
                 if not call.given:
                     continue
                 targets, given = zip(*call.given)
-                if call.inputs:
-                    into = call.tape.gradient(list(targets), [v for _, v in call.inputs],
+                if call.inputs or call.dense:
+                    z = [call.dense.z] if call.dense else []
+                    into = call.tape.gradient(list(targets), [*(v for _, v in call.inputs), *z],
                                               output_gradients=list(given))
+                    if call.dense:
+                        call.dense.dz = into[-1]
                     for (i, _), g in zip(call.inputs, into):
                         grads[i] = add_gradients(grads.get(i), g)
                 pending.append(call)
