@@ -88,3 +88,24 @@ def test_batched_pipeline_steps_equal_one_process(schedule):
     assert moved > 1e-2  # 3 Adam steps trained
     for a, b in zip(split.unsplit().get_weights(), plain.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_gradients_taken_at_the_steps_end_are_applied_one_after_another():
+    # Made once a step, after the stage's last backward, each waits for the update of
+    # the one made before it on its device (update_order): one is alive at a time.
+    import keras
+    import tensorflow as tf
+
+    from tfdist.model_parallel import pipeline
+    from tfdist.model_parallel.update_order import ancestors
+
+    split = pipeline.split(_model(keras), ["/cpu:0", "/cpu:0"], microbatches=4)
+    split.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(keras))
+    graph = tf.function(lambda x, y: split.train_step((x, y))).get_concrete_function(
+        tf.TensorSpec((16, 64)), tf.TensorSpec((16,), tf.int32)).graph
+    made = [op for op in graph.get_operations() if op.type == "MatMul"
+            and "batched_weight_grads" in op.name]
+    waits = sorted(sum(a.type == "AssignSubVariableOp" for a in ancestors([op]))
+                   for op in made)
+    # d0's kernel first; d1's after d0's kernel and bias; out's after d1's as well.
+    assert waits == [0, 2, 4]

@@ -170,7 +170,8 @@ class PipelineModel(keras.Model):
         sums, losses, preds = [], [], []
         for c in range(n):
             parts = slice(c * m, (c + 1) * m)
-            g, loss, pred = self._run_schedule(c, xs[parts], ys[parts], sws[parts], n * m)
+            g, loss, pred, once = self._run_schedule(c, xs[parts], ys[parts], sws[parts],
+                                                     n * m)
             sums.append(g)
             losses += loss
             preds += pred
@@ -186,17 +187,20 @@ class PipelineModel(keras.Model):
         order = {id(v): k for k, v in enumerate(self.inner.trainable_variables)}
         pairs = sorted(zip(gradients, variables), key=lambda gv: order[id(gv[1])])
         graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        # At M = 1 with one copy each gradient comes straight from its stage's
-        # backward; running sums (M > 1, copies) hold a stage's gradients anyway.
-        # Only then are the updates' ops recorded (placed_updates) and ordered.
-        ordered = graph is not None and m == 1 and n == 1
+        # With one copy, a gradient that comes straight from its stage's backward (M = 1)
+        # or once a step at the stage's end (a batched Dense's, M > 1) is applied before
+        # the stage makes its next one; running sums (M > 1, copies) hold a stage's
+        # gradients anyway. Only then are the updates' ops recorded (placed_updates)
+        # and ordered.
+        chained = [(g, v) for g, v in pairs if m == 1 or id(v) in once] if n == 1 else []
+        ordered = graph is not None and len(chained) > 1
         inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         inner._tfdist_update_ops = {} if ordered else None
         try:
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
             if ordered:
                 update_order.updates_as_gradients_come(
-                    graph, [(g, v.value) for g, v in pairs], inner._tfdist_update_ops)
+                    graph, [(g, v.value) for g, v in chained], inner._tfdist_update_ops)
         finally:
             inner._tfdist_update_ops = None  # this trace's ops: not kept alive past it
         for c in range(1, n):  # every copy goes on from copy 0's updated weights
@@ -215,7 +219,8 @@ class PipelineModel(keras.Model):
 
         Returns:
             ([each stage's variables' gradients, summed over the micro-batches],
-            the micro-batches' losses, their predictions).
+            the micro-batches' losses, their predictions, the ids of the variables
+            whose gradients were taken once, at the step's end).
         """
         m, p = len(xs), len(self.schedule)
         stages = self.pipelines[c]
@@ -291,11 +296,13 @@ class PipelineModel(keras.Model):
                     grads = stage.weight_gradients(calls.pop((i, k)))
                     sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
                     last[d] = [_dense(t) for t in sums[k] if t is not None]
+        once = set()
         for k, stage in enumerate(stages):  # each after its own last backward
             if waiting[k]:
                 grads = stage.batched_gradients(waiting[k])
+                once.update(id(v) for v, g in zip(stage.variables, grads) if g is not None)
                 sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
-        return sums, losses, preds
+        return sums, losses, preds, once
 
     def save(self, filepath, *args, **kwargs):
         """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""
