@@ -162,3 +162,35 @@ def test_each_weight_gradient_after_a_chunks_first_is_added_into_its_running_sum
     # Stage 1's second backward and then stage 0's are on the step's path: 2 x 0.5.
     assert got["step_s"] == pytest.approx(base["step_s"] + 2 * 0.5)
     assert got["busy_s"] == [pytest.approx(b + 0.5) for b in base["busy_s"]]
+
+
+def test_a_batched_dense_weight_gradient_moves_from_each_backward_to_the_stage_end():
+    from tfdist.model_parallel import planner
+
+    # 2 layers, one a stage: F 1, I 1, W 1 a micro-batch, weight gradients batched up to M = 8.
+    layers = [planner.LayerCost(1.0, 1.0, 1.0, 10, 100, accumulate_s=0.5, batched_upto=8)] * 2
+    chunks = planner.chunk_costs(layers, [0, 1, 2], microbatches=4)
+    assert chunks[0]["W"] == 0 and chunks[0]["A"] == 0 and chunks[0]["WB"] == 4.0
+    unbatched = planner.chunk_costs(layers, [0, 1, 2], microbatches=16)  # past 8: per micro-batch
+    assert unbatched[0]["W"] == 1.0 and unbatched[0]["A"] == 0.5 and unbatched[0]["WB"] == 0
+    one = planner.predict("1f1b", layers, [0, 1, 2], 2, 4)
+    # 1F1B at M = 4 with B = I only: stage 0 busy 4 F + 4 I after one slot of wait,
+    # then its 4 batched W; zero bubble has no W left to move into its bubble.
+    zb = planner.predict("zb", layers, [0, 1, 2], 2, 4)
+    assert zb["step_s"] >= one["step_s"]
+    assert one["step_s"] == pytest.approx(planner.predict("1f1b", [planner.LayerCost(
+        1.0, 1.0, 0.0, 10, 100)] * 2, [0, 1, 2], 2, 4)["step_s"] + 4.0)
+
+
+def test_profile_batches_a_plain_dense_up_to_the_rows_its_kernel_outweighs():
+    import keras
+    import numpy as np
+
+    from tfdist.model_parallel import profile
+
+    layer = keras.layers.Dense(64)
+    layer.build((None, 64))
+    x = np.zeros((4, 64), "float32")
+    assert profile.batched_upto(layer, [x]) == 64 * 64 // (128 * 4)  # 8 micro-batches of 4
+    assert profile.batched_upto(keras.layers.Dense(4, dtype="mixed_float16"), [x]) == 0
+    assert profile.batched_upto(layer, [x, x]) == 0

@@ -10,7 +10,9 @@ devices costs, `predict` runs each schedule on paper (`simulate.run`) and
 counts what each device holds at its peak: its weights with their
 gradients and optimizer slots, and the activations of the micro-batches in
 flight (F done, its B or W not), chunk by chunk, over a measured baseline
-(what a process holds before its stage: TensorFlow itself). `plan` does it
+(what a process holds before its stage: TensorFlow itself). A Dense layer
+whose weight gradient is taken once a step (`batched_weight_grads`) costs no
+W per micro-batch but M of them after its device's last action. `plan` does it
 for every schedule offered, `choose` picks the fastest that fits a memory
 limit, and `format_predictions` and `reason` print the result beside the
 placement table (`tfdist.strategies.pipeline`).
@@ -39,6 +41,9 @@ class LayerCost:
         accumulate_s: The add of one micro-batch's gradients of its weights into the
             step's running sum, M - 1 times a step (0 for a call of a layer
             already counted).
+        batched_upto: The most micro-batches a step at which its weight gradient
+            is taken once, after the stage's last backward, rather than per
+            micro-batch (`batched_weight_grads`; 0: never).
     """
 
     forward_s: float
@@ -48,18 +53,32 @@ class LayerCost:
     weight_bytes: int
     update_s: float = 0.0
     accumulate_s: float = 0.0
+    batched_upto: int = 0
+
+    def batched(self, microbatches: int) -> bool:
+        """Whether its weight gradient is taken once a step at M = `microbatches`."""
+        return 1 < microbatches <= self.batched_upto
 
 
-def chunk_costs(layers: list[LayerCost], bounds: list[int]) -> list[dict]:
-    """Pure function: the layers' costs summed over each chunk [bounds[k], bounds[k+1])."""
+def chunk_costs(layers: list[LayerCost], bounds: list[int], microbatches: int = 1) -> list[dict]:
+    """Pure function: the layers' costs summed over each chunk [bounds[k], bounds[k+1]).
+
+    A layer whose weight gradient is taken once a step at M = `microbatches`
+    puts no W or running-sum add in a micro-batch's actions; "WB" is its
+    weight gradients' time over the whole step (M micro-batches' rows), run
+    after the chunk's last backward.
+    """
     out = []
     for a, b in zip(bounds, bounds[1:]):
         part = layers[a:b]
+        every = [x for x in part if not x.batched(microbatches)]
+        once = [x for x in part if x.batched(microbatches)]
         out.append({"F": sum(x.forward_s for x in part), "I": sum(x.input_s for x in part),
-                    "W": sum(x.weight_s for x in part),
+                    "W": sum(x.weight_s for x in every),
+                    "WB": microbatches * sum(x.weight_s for x in once),
                     "activation_bytes": sum(x.activation_bytes for x in part),
                     "U": sum(x.update_s for x in part),
-                    "A": sum(x.accumulate_s for x in part),
+                    "A": sum(x.accumulate_s for x in every),
                     "weight_bytes": sum(x.weight_bytes for x in part)})
     return out
 
@@ -99,7 +118,7 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
         "activation_bytes": [per device]}.
     """
     schedule = schedules.build(name, stages, microbatches, virtual)
-    chunks = chunk_costs(layers, bounds)
+    chunks = chunk_costs(layers, bounds, microbatches)
     if len(chunks) != schedules.chunks(name, stages, virtual):
         raise ConfigError(f"The planner got {len(chunks)} chunk(s) for --schedule {name} on "
                           f"{stages} stages (V={virtual}); it cuts "
@@ -111,8 +130,9 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
 
     run = simulate.run(schedule, cost, hop=hop_s, action=action_s,
                        accumulate=lambda k: chunks[k]["A"])
-    # Each device updates its own weights once its last action is done, all at once.
-    updates = [sum(c["U"] for k, c in enumerate(chunks) if k % stages == d)
+    # Each device takes its once-a-step weight gradients and updates its own weights
+    # once its last action is done.
+    updates = [sum(c["U"] + c["WB"] for k, c in enumerate(chunks) if k % stages == d)
                for d in range(stages)]
     step = max(last + u for last, u in zip(run["last"], updates))
     held = [sum(c["weight_bytes"] for k, c in enumerate(chunks) if k % stages == d)

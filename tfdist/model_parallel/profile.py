@@ -148,7 +148,23 @@ def _node_cost(node, known, copies, counted, repeats) -> LayerCost:
         known[id(ref)] = value
     return LayerCost(forward_s, input_s, weight_s,
                      sum(int(np.prod(t.shape)) * t.dtype.size for t in made),
-                     weight_bytes, update_s, accumulate_s)
+                     weight_bytes, update_s, accumulate_s,
+                     batched_upto(original, args) if first else 0)
+
+
+def batched_upto(layer, args) -> int:
+    """The most micro-batches (of the profiled rows) at which a call of `layer` on
+    `args` has its weight gradient taken once a step (`batched_weight_grads`); 0: never."""
+    import math
+
+    from tfdist.model_parallel import batched_weight_grads
+
+    if len(args) != 1 or not batched_weight_grads.plain_dense(layer):
+        return 0
+    rows = math.prod(int(d) for d in args[0].shape[:-1])
+    units_in, units_out = int(layer.kernel.shape[0]), int(layer.kernel.shape[-1])
+    # worth_batching(M * rows, in, out): M * rows * (in + out) <= in * out
+    return (units_in * units_out) // ((units_in + units_out) * rows) if rows else 0
 
 
 def _update_s(variables, repeats) -> float:
