@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.slurm_util import keras_weights
+from tests.integration.slurm_util import keras_weights, sbatch
 from tests.integration.test_slurm_jobs import _env, slurm_cluster  # noqa: F401
 from tfdist.cluster.slurm import expand_hostlist
 
@@ -58,10 +58,8 @@ def test_two_steps_at_once_in_one_allocation_both_train(slurm_cluster, tmp_path)
     script, out = tmp_path / "two_steps.sbatch", tmp_path / "job-%j.out"
     script.write_text(BATCH)
     dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
-    proc = subprocess.run(["sbatch", "--parsable", f"--output={out}", "--wait", str(script),
-                           *dirs], capture_output=True, text=True, timeout=600,
-                          env=_env(STEP=STEP, ARGS=" ".join(ARGS)), cwd=str(tmp_path))
-    job = proc.stdout.strip().split(";")[0]
+    job, proc = sbatch(str(script), str(out), *dirs, env=_env(STEP=STEP, ARGS=" ".join(ARGS)),
+                       wait=True, cwd=str(tmp_path))
     log = open(str(out).replace("%j", job)).read() if job else ""
     assert proc.returncode == 0, f"{proc.stderr}\nJOB LOG:\n{log[-4000:]}"
     assert "tfdist-test: steps exited 0 0" in log, log[-4000:]
