@@ -68,14 +68,7 @@ def baseline(shared_run):
     return single_replica_weights(shared_run)
 
 
-@pytest.mark.parametrize("strategy", ["multi_worker", "shm"])
-def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_path, strategy):
-    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
-    # The user's --strategy replaces the script's own (tfdist refuses a flag given twice).
-    job, proc = _sbatch("multi_worker.sbatch", out, "digits_mlp", *ARGS, "--model-dir",
-                        model_dir, "--strategy", strategy, wait=True)
-    log = open(out.replace("%j", job)).read() if job else ""
-    assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
+def _assert_two_replica_job(log, model_dir, strategy, baseline):
     assert f"strategy={strategy} num_replicas=2 workers=2 source=slurm" in log, log[-4000:]
     assert log.count("/model.keras and ") == 1  # the chief alone says it wrote
     assert sorted(os.listdir(model_dir)) == CHIEF_FILES
@@ -84,14 +77,28 @@ def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_
     assert_same_weights(model_dir, baseline)
 
 
+# multi_worker's job of this test is job a of test_two_jobs_at_once_on_one_node_both_finish.
+@pytest.mark.parametrize("strategy", ["shm"])
+def test_multi_worker_job_trains_with_two_replicas(slurm_cluster, baseline, tmp_path, strategy):
+    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
+    # The user's --strategy replaces the script's own (tfdist refuses a flag given twice).
+    job, proc = _sbatch("multi_worker.sbatch", out, "digits_mlp", *ARGS, "--model-dir",
+                        model_dir, "--strategy", strategy, wait=True)
+    log = open(out.replace("%j", job)).read() if job else ""
+    assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
+    _assert_two_replica_job(log, model_dir, strategy, baseline)
+
+
 def test_two_jobs_at_once_on_one_node_both_finish(slurm_cluster, baseline, tmp_path):
     # Ports derive from the job id; a fixed port (TF's SlurmClusterResolver) would
-    # make the second job's workers fail to bind while the first runs.
+    # make the second job's workers fail to bind while the first runs. Job a names
+    # --strategy multi_worker, the script's own, as a user may (the user's replaces
+    # it: tfdist refuses a flag given twice); job b takes the script's.
     jobs = []
-    for name in ("a", "b"):
+    for name, strategy in (("a", ["--strategy", "multi_worker"]), ("b", [])):
         job, proc = _sbatch("multi_worker.sbatch", str(tmp_path / f"{name}-%j.out"),
                             "digits_mlp", *ARGS, "--model-dir", str(tmp_path / name),
-                            opts=["--oversubscribe"])
+                            *strategy, opts=["--oversubscribe"])
         assert proc.returncode == 0 and job, tail(proc)
         jobs.append(job)
     together = wait_all(jobs)
@@ -99,7 +106,7 @@ def test_two_jobs_at_once_on_one_node_both_finish(slurm_cluster, baseline, tmp_p
         info = job_fields(job)
         log = open(tmp_path / f"{name}-{job}.out").read()
         assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log[-4000:]
-        assert_same_weights(str(tmp_path / name), baseline)
+        _assert_two_replica_job(log, str(tmp_path / name), "multi_worker", baseline)
     assert together > 0, "the two jobs never ran at the same time"
 
 
@@ -161,19 +168,9 @@ def _horovod_python(request):
     return hvd_python
 
 
-def test_horovod_job(request, tmp_path):
-    hvd_python = _horovod_python(request)
-    baseline = request.getfixturevalue("baseline")
-    model_dir, out = str(tmp_path / "model"), str(tmp_path / "job-%j.out")
-    job, proc = _sbatch("horovod.sbatch", out, "digits_mlp", *ARGS, "--model-dir", model_dir,
-                        wait=True, env=_env(HOROVOD_PYTHON=hvd_python))
-    log = open(out.replace("%j", job)).read() if job else ""
-    assert proc.returncode == 0, f"{tail(proc)}\nJOB LOG:\n{log[-4000:]}"
-    assert "num_replicas=2" in log, log[-4000:]
-    assert_same_weights(model_dir, baseline)
-
-
 def test_horovod_sigterm_saves_backup_and_requeued_job_resumes(request, tmp_path):
+    # Also the plain Horovod job's checks (it was a job of its own): 2 replicas, the job
+    # completes with status 0 and ends with one replica's weights.
     # horovodrun exits 1 when a rank exits 75; the script reads rank 0's own status.
     hvd_python = _horovod_python(request)
     baseline = request.getfixturevalue("baseline")
@@ -190,6 +187,7 @@ def test_horovod_sigterm_saves_backup_and_requeued_job_resumes(request, tmp_path
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), \
         log[-4000:]
     assert "rank 0 exited with 75" in log and "requeueing job" in log, log[-4000:]
+    assert "num_replicas=2" in log, log[-4000:]
     step = int(log.split("preempted by signal 15 at global step ")[1].split(";")[0])
     assert f"(global step {step})" in log and 0 < step < 44, log[-4000:]
     assert_same_weights(model_dir, baseline)
