@@ -183,7 +183,11 @@ def test_server_exits_when_its_chief_is_gone(finished):
         first = proc.stdout.readline()
         while first and "serving at" not in first:
             first = proc.stdout.readline()
-        time.sleep(5)  # the watchdog polls every 2 s: it has seen the chief up
+        # The watchdog's probes connect to the chief: after its second, it has seen the
+        # chief up (the first probe's result was recorded before the second began).
+        chief.settimeout(60)
+        for _ in range(2):
+            chief.accept()[0].close()
         assert proc.poll() is None, first + proc.stdout.read()[-3000:]
         if finished:  # what a chief that finished writes on the task's host, then exits
             open(finished_marker(chief_address, f"127.0.0.1:{ports[0]}"), "w").close()
