@@ -99,18 +99,25 @@ def one_replica(tmp):
 
 @pytest.fixture(scope="module")
 def runs(venv, tmp_path_factory, shared_run):
+    """Every run, two at a time (each rank is one thread; a horovodrun job also waits
+    on its own start-up: run one after another, a core stood idle)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     tmp = str(tmp_path_factory.mktemp("hvd"))
-    return {
-        "single": shared_run(one_replica),
-        ("gloo", 2): _train(venv, tmp, "gloo2", 2, "gloo"),
+    jobs = {
+        "single": lambda: shared_run(one_replica),
+        ("gloo", 2): lambda: _train(venv, tmp, "gloo2", 2, "gloo"),
         # 2 MPI ranks: what mpi-4 checks of MPI and gloo-2 of 2 ranks (and
         # test_horovod_hosts of 2 MPI ranks over ssh).
-        ("gloo", 4): _train(venv, tmp, "gloo4", 4, "gloo", ACCUM_CLIP),
-        ("mpi", 4): _train(venv, tmp, "mpi4", 4, "mpi"),
+        ("gloo", 4): lambda: _train(venv, tmp, "gloo4", 4, "gloo", ACCUM_CLIP),
+        ("mpi", 4): lambda: _train(venv, tmp, "mpi4", 4, "mpi"),
         # The plain optimizer: what horovod.tensorflow.keras amounts to on Keras 3.
-        "no_allreduce": _train(venv, tmp, "noavg", 2, "gloo", ["--no-allreduce"]),
-        "single_clip": _train(venv, tmp, "sclip", extra=CLIP),
+        "no_allreduce": lambda: _train(venv, tmp, "noavg", 2, "gloo", ["--no-allreduce"]),
+        "single_clip": lambda: _train(venv, tmp, "sclip", extra=CLIP),
     }
+    with ThreadPoolExecutor(2) as pool:
+        futures = {key: pool.submit(job) for key, job in jobs.items()}
+        return {key: future.result() for key, future in futures.items()}
 
 
 # The one replica each run must equal.
