@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import WORKERS, run_py, tail
+from tests.conftest import WORKERS, run_py, run_py_many, tail
 from tests.integration.slurm_util import keras_weights
 from tests.integration.test_horovod import VENV, horovodrun
 from tests.weights import dump_dir_weights as _weights
@@ -46,12 +46,15 @@ def _assert_equal(baseline, dump_dir, workers):
 
 def _run(n, dump, model_dir, strategy, epochs=4, faults=()):
     """`n` workers under tfdist.launch (n=1: one plain process)."""
+    return run_py(_command(n, dump, model_dir, strategy, epochs, faults))
+
+
+def _command(n, dump, model_dir, strategy, epochs=4, faults=()):
     args = [DUMP, dump, *faults, *COMMON, "--epochs", str(epochs), "--strategy", strategy,
             "--model-dir", model_dir]
     if n == 1:
-        return run_py(args)
-    return run_py(["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--",
-                   sys.executable, *args])
+        return args
+    return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "240", "--", sys.executable, *args]
 
 
 def uninterrupted_single(tmp):
@@ -94,22 +97,27 @@ def test_two_workers_killed_mid_epoch_resume_on_one_on_three_and_on_three_device
         baseline, killed_multi_worker, tmp_path):
     model_dir, three, devices = (_copy(killed_multi_worker, tmp_path, name)
                                  for name in ("one", "three", "devices"))
+    # The three resumes, each from its own copy, two at a time (one thread per process).
+    one_proc, three_proc, devices_proc = run_py_many([
+        _command(1, str(tmp_path / "dump1"), model_dir, "single"),
+        _command(3, str(tmp_path / "dump3"), three, "multi_worker"),
+        # One process, 3 replicas: MirroredStrategy over 3 logical CPU devices.
+        [DUMP, str(tmp_path / "dump-dev"), *COMMON, "--epochs", "4", "--strategy",
+         "mirrored", "--devices", "3", "--model-dir", devices]], timeout=240)
 
-    proc = _run(1, str(tmp_path / "dump1"), model_dir, "single")
+    proc = one_proc
     assert proc.returncode == 0, tail(proc)
     assert "epoch 1, step 6 of 14 (global step 20)" in proc.stdout, tail(proc)
     assert "resumed from a 2-replica multi_worker backup on 1 replica (single)" in proc.stdout
     _assert_equal(baseline, str(tmp_path / "dump1"), 1)
 
-    proc = _run(3, str(tmp_path / "dump3"), three, "multi_worker")
+    proc = three_proc
     assert proc.returncode == 0, tail(proc)
     assert "resumed from a 2-replica multi_worker backup on 3 replicas (multi_worker)" in (
         proc.stdout), tail(proc)
     _assert_equal(baseline, str(tmp_path / "dump3"), 3)
 
-    # One process, 3 replicas: MirroredStrategy over 3 logical CPU devices.
-    proc = run_py([DUMP, str(tmp_path / "dump-dev"), *COMMON, "--epochs", "4", "--strategy",
-                   "mirrored", "--devices", "3", "--model-dir", devices])
+    proc = devices_proc
     assert proc.returncode == 0, tail(proc)
     assert "resumed from a 2-replica multi_worker backup on 3 replicas (mirrored)" in (
         proc.stdout), tail(proc)
