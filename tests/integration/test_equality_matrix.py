@@ -61,7 +61,9 @@ HOROVOD_VENV = os.environ.get("TFDIST_HOROVOD_VENV",
 
 # strategy -> (how it is launched: processes, worker arguments)
 JOBS = {
-    "single": (0, ["single", "--models", "dense,attention,chain", "--variants", UPSTREAM]),
+    # attention:sgd:clip: tests/integration/test_zero.py's clipped cell's reference.
+    "single": (0, ["single", "--models", "dense,attention,chain", "--variants",
+                   f"{UPSTREAM},attention:sgd:clip"]),
     "mirrored": (0, ["mirrored", "--devices", "2", "--models", DATA_PARALLEL,
                      "--variants", SPARSE_VARIANTS]),
     "multi_worker": (2, ["multi_worker", "--models", DATA_PARALLEL, "--bucket-mb", BUCKETS,
@@ -107,8 +109,15 @@ def _load(out):
     return found
 
 
+def single_reference(tmp):
+    """The one-replica job, every cell's reference: test_zero's too (trained once,
+    tests/integration/conftest.py)."""
+    processes, args = JOBS["single"]
+    return _run(os.path.join(tmp, "single"), processes, args)
+
+
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory, request):
+def matrix(tmp_path_factory, request, shared_run):
     """A strategy's job, run the first time a test asks for it, or before: the jobs the
     selected tests of this module name (and the reference) start at once, two at a time
     (each process runs one intra-op thread; one job alone left a core idle: the module
@@ -120,7 +129,9 @@ def matrix(tmp_path_factory, request):
     done = {}
 
     def start(strategy):
-        if strategy not in done:
+        if strategy == "single" and strategy not in done:
+            done[strategy] = pool.submit(shared_run, single_reference)
+        elif strategy not in done:
             processes, args = JOBS[strategy]
             done[strategy] = pool.submit(_run, str(tmp / strategy), processes, args)
 

@@ -7,7 +7,8 @@ One launched job per (strategy, N) trains the dense and the Embedding
 plus Adam on the Embedding model with 2 accumulated half batches and SGD on it
 with every step clipped by global norm (multi_worker sums each gradient onto
 its owner only, `tfdist.zero.scatter`, so the norm adds every worker's part);
-the one-replica reference is one more process. Every cell must equal one replica at
+the one-replica reference is test_equality_matrix's (each tower of its models is
+trained as if alone, so its dense and attention cells are these). Every cell must equal one replica at
 rtol 1e-5 (multi_worker gathering the weights in row ranges of 100 elements),
 every worker must hold the same weights, and each worker's slots must be its
 share: together exactly one replica's, none over the mean by more than the
@@ -24,7 +25,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import WORKERS, run_py, run_py_many, tail
-from tests.integration.test_equality_matrix import ATOL, RTOL, _assert_equal_weights, _load
+from tests.integration.test_equality_matrix import (ATOL, JOBS as MATRIX_JOBS, RTOL,
+                                                    _assert_equal_weights, _load,
+                                                    single_reference)
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +36,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 MODELS = "dense,attention"
 VARIANTS = "attention:adam:acc2,attention:sgd:clip"
 CLIPPED = "attention:sgd:clip"  # the reference trains it too
+assert CLIPPED in MATRIX_JOBS["single"][1][-1], MATRIX_JOBS["single"]
 # Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
 # velocity (no momentum: its default).
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
@@ -41,8 +45,6 @@ JOBS = {("shm", 2), ("shm", 4), ("multi_worker", 2), ("multi_worker", 4)}
 
 def _command(out, strategy, n):
     args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
-    if n == 0:
-        return [*args, "--variants", CLIPPED]
     # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several.
     chunks = ["--gather-chunk-elements", "100"] if strategy == "multi_worker" else []
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
@@ -50,15 +52,21 @@ def _command(out, strategy, n):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{(strategy, N): {worker: cells}}, and ("single", 0): the reference, run 2 at a time."""
+def runs(tmp_path_factory, shared_run):
+    """{(strategy, N): {worker: cells}}, run 2 at a time, and ("single", 0): the reference
+    (test_equality_matrix's one-replica job: trained already when that module ran)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     tmp = tmp_path_factory.mktemp("zero")
-    jobs = sorted(JOBS) + [("single", 0)]
+    jobs = sorted(JOBS)
     outs = {job: str(tmp / f"{job[0]}{job[1]}") for job in jobs}
-    procs = run_py_many([_command(outs[job], *job) for job in jobs], parallel=2, timeout=500)
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(shared_run, single_reference)
+        procs = run_py_many([_command(outs[job], *job) for job in jobs], parallel=2, timeout=500)
+        found = {("single", 0): reference.result()}
     for job, proc in zip(jobs, procs):
         assert proc.returncode == 0, (job, tail(proc))
-    return {job: _load(outs[job]) for job in jobs}
+    return {**found, **{job: _load(outs[job]) for job in jobs}}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
