@@ -80,8 +80,9 @@ SlurmdPort=$((PORT + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-# cred_expire also delays a requeued job's restart (default 120 s); tests requeue.
-AuthInfo=cred_expire=10
+# cred_expire also delays a requeued job's restart (default 120 s; 5 is the least
+# Slurm takes); tests requeue.
+AuthInfo=cred_expire=5
 # No cgroups in a container: track processes by parent pid, bind nothing.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -89,6 +90,10 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# A job starts as soon as it may: scheduled at submit (batch_sched_delay, default 3 s)
+# and, once a requeued job's cred_expire has passed, by the next pass of a scheduler
+# that runs every second (the defaults, 60 s and 30 s, held such a job 15-37 s).
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
 # Requeue (scontrol requeue, --requeue) is what preempted tfdist jobs use.
 JobRequeue=1
 ReturnToService=2
