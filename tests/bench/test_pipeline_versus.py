@@ -25,6 +25,8 @@ def test_traced_ops_are_told_apart_by_kind():
         "backward matmul"
     assert kind("StatefulPartitionedCall/batched_weight_grads/MatMul:_MklMatMul") == \
         "batched weight grads"
+    assert kind("StatefulPartitionedCall/batched_weight_grads_3/MatMul:_MklMatMul") == \
+        "batched weight grads"
     assert kind("StatefulPartitionedCall/adam/truediv_26:RealDiv") == "update"
     assert kind("StatefulPartitionedCall/add_120:AddV2") == "adds"
     assert kind("StatefulPartitionedCall/split:Split") == "other"

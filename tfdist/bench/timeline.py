@@ -215,7 +215,7 @@ def op_kind(name: str) -> str:
     parts = scope.lower().split("/")
     if op_type in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
         return "send/recv"
-    if "batched_weight_grads" in parts:
+    if any(p.startswith("batched_weight_grads") for p in parts):  # _1, _2: later scopes
         return "batched weight grads"
     if OPTIMIZER_SCOPES.intersection(parts) or op_type.startswith("ResourceApply"):
         return "update"
