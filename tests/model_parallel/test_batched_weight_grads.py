@@ -26,6 +26,8 @@ def test_only_a_plain_dense_on_its_stored_weights_is_batched():
     assert not bwg.plain_dense(Scaled(4))  # its own call: its ops are not Dense.call's
     assert not bwg.plain_dense(keras.layers.Dense(4, dtype="mixed_float16"))  # autocast
     assert not bwg.plain_dense(keras.layers.EinsumDense("ab,bc->ac", 4))
+    assert not bwg.plain_dense(keras.layers.Dense(4, kernel_regularizer="l2"))
+    assert not bwg.plain_dense(keras.layers.Dense(4, activity_regularizer="l1"))
 
 
 def _model(keras):

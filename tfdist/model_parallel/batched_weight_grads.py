@@ -15,8 +15,8 @@ stage's backward returns; the inputs `x_i` are kept until the step's end.
 That trade (the batch's inputs and pre-activation gradients kept instead of
 two kernel-sized tensors per micro-batch) pays where the kernel outweighs
 them: `worth_batching`. Only plain `keras.layers.Dense` calls whose weights
-are read as stored (no mixed-precision autocast, LoRA or quantization) are
-taken this way; every other layer keeps its per-micro-batch gradients.
+are read as stored (no mixed-precision autocast, LoRA or quantization) and
+carry no regularizer are taken this way; every other layer keeps its per-micro-batch gradients.
 """
 
 from __future__ import annotations
@@ -99,9 +99,13 @@ def plain_dense(layer) -> bool:
     if not isinstance(layer, dense) or type(layer).call is not dense.call:
         return False
     policy = layer.dtype_policy
+    # A regularizer's loss reaches its weights through the last stage's tape, and an
+    # activity regularizer is added by Layer.__call__, which `call` does not go through.
+    regularized = any(getattr(layer, name, None) is not None for name in (
+        "kernel_regularizer", "bias_regularizer", "activity_regularizer"))
     return (not getattr(layer, "lora_enabled", False)
             and getattr(layer, "quantization_mode", None) is None
-            and policy.compute_dtype == policy.variable_dtype)
+            and policy.compute_dtype == policy.variable_dtype and not regularized)
 
 
 def call(layer, x):
