@@ -41,6 +41,50 @@ def stages_of(copy, split_plan, groups):
             for s, devices in enumerate(groups)]
 
 
+def _forward(stage, h, split, record, loss):
+    """A stage's forward of one micro-batch under a tape of its own.
+
+    Args:
+        stage: The `Stage`.
+        h: Its input tensors.
+        split: Whether each layer call gets a tape of its own (zero bubble).
+        record: Its `MicrobatchCalls` (None: no batched weight gradients).
+        loss: outputs -> the scaled loss, for the last stage (under the tape).
+
+    Returns:
+        (the tape, its outputs, the split calls' record (None unless `split`), the
+        last stage's loss (None for another)).
+    """
+    made = target = None
+    with tf.GradientTape() as tape:
+        if split:
+            out, made = stage.forward_split(list(h), training=True, batched=record)
+            tape.watch([t for t in out if t.dtype.is_floating])
+        else:
+            if stage.index > 0:  # the model's inputs (maybe tokens) need no gradient
+                tape.watch([t for t in h if t.dtype.is_floating])
+            out = stage.forward(list(h), training=True, batched=record)
+        if stage.last:
+            target = loss(out)
+    return tape, out, made, target
+
+
+def _add_batched(stages, waiting, sums) -> set:
+    """Adds each stage's once-a-step Dense weight gradients over `waiting[k]` (its
+    backward-done `DenseCall`s) into `sums[k]`, after its own last backward.
+
+    Returns:
+        The ids of the variables those gradients are for.
+    """
+    once = set()
+    for k, stage in enumerate(stages):
+        if waiting[k]:
+            grads = stage.batched_gradients(waiting[k])
+            once.update(id(v) for v, g in zip(stage.variables, grads) if g is not None)
+            sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
+    return once
+
+
 class PipelineModel(keras.Model):
     """A placed copy of a model, cut into stages, trained with a pipeline schedule.
 
@@ -247,20 +291,14 @@ class PipelineModel(keras.Model):
             with tf.device(stage.device), tf.control_dependencies(last[d]):
                 if kind == "F":
                     h = xs[i] if k == 0 else outs[(i, k - 1)]
-                    with tf.GradientTape() as tape:
-                        if batching:
-                            batched[(i, k)] = batched_weight_grads.MicrobatchCalls(m)
-                        if split:
-                            out, calls[(i, k)] = stage.forward_split(
-                                list(h), training=True, batched=batched.get((i, k)))
-                            tape.watch([t for t in out if t.dtype.is_floating])
-                        else:
-                            if k > 0:  # the model's inputs (maybe tokens) need no gradient
-                                tape.watch([t for t in h if t.dtype.is_floating])
-                            out = stage.forward(list(h), training=True,
-                                                batched=batched.get((i, k)))
-                        if stage.last:
-                            targets[(i, k)] = loss(i, out)
+                    if batching:
+                        batched[(i, k)] = batched_weight_grads.MicrobatchCalls(m)
+                    tape, out, made, target = _forward(stage, h, split, batched.get((i, k)),
+                                                       functools.partial(loss, i))
+                    if split:
+                        calls[(i, k)] = made
+                    if stage.last:
+                        targets[(i, k)] = target
                     tapes[(i, k)], ins[(i, k)], outs[(i, k)] = tape, h, out
                     last[d] = tree.flatten(out)
                 elif kind == "B":
@@ -296,13 +334,7 @@ class PipelineModel(keras.Model):
                     grads = stage.weight_gradients(calls.pop((i, k)))
                     sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
                     last[d] = [_dense(t) for t in sums[k] if t is not None]
-        once = set()
-        for k, stage in enumerate(stages):  # each after its own last backward
-            if waiting[k]:
-                grads = stage.batched_gradients(waiting[k])
-                once.update(id(v) for v, g in zip(stage.variables, grads) if g is not None)
-                sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
-        return sums, losses, preds, once
+        return sums, losses, preds, _add_batched(stages, waiting, sums)
 
     def save(self, filepath, *args, **kwargs):
         """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""
