@@ -47,8 +47,8 @@ def _loss(keras):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb"])
-def test_a_wide_kernels_gradient_is_one_matmul_over_the_whole_batch(schedule):
+@pytest.mark.parametrize("schedule, per_kernel", [("gpipe", 1), ("1f1b", 1), ("zb", 4)])
+def test_a_wide_kernels_gradient_is_one_matmul_over_the_whole_batch(schedule, per_kernel):
     import keras
     import tensorflow as tf
 
@@ -61,14 +61,15 @@ def test_a_wide_kernels_gradient_is_one_matmul_over_the_whole_batch(schedule):
     graph = tf.function(lambda x, y: split.train_step((x, y))).get_concrete_function(
         tf.TensorSpec((16, 64)), tf.TensorSpec((16,), tf.int32)).graph
     # 16 rows x (64 + 64) kept < 64 x 64: each of the 3 kernels' gradients is one
-    # matmul of the batch's 16 rows, not 4 of 4 rows added up. (The tape's own
-    # kernel-gradient ops are in the graph too, but nothing that runs waits for them.)
+    # matmul of the batch's 16 rows, not 4 of 4 rows added up; zero bubble keeps its
+    # W a micro-batch (to run each in a bubble). (The tape's own kernel-gradient ops
+    # are in the graph too, but nothing that runs waits for them.)
     updates = [op for op in graph.get_operations() if op.type.startswith("Assign")]
     run = {op.name for op in ancestors(updates)}
     kernel_grads = [op for op in graph.get_operations() if op.type == "MatMul"
                     and op.name in run and op.outputs[0].shape.as_list() == [64, 64]]
-    assert len(kernel_grads) == 3, [op.name for op in kernel_grads]
-    assert all(op.inputs[0].shape.as_list()[0] == 16 for op in kernel_grads)
+    assert len(kernel_grads) == 3 * per_kernel, [op.name for op in kernel_grads]
+    assert all(op.inputs[0].shape.as_list()[0] == 16 // per_kernel for op in kernel_grads)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb"])

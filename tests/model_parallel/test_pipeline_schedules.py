@@ -70,8 +70,10 @@ def _gpipe(copies):
     ("interleaved", 2, 2, 1), ("zb", 2, 1, 1), ("zb", 4, 1, 1), ("interleaved", 2, 2, 2),
     ("zb", 2, 1, 2)])
 def test_new_schedules_end_with_gpipes_weights(schedule, stages, virtual, copies):
-    """Bit for bit with one copy; with 2 copies interleaving's other cuts leave
-    1.6e-6 relative (float32 rounding of the copies' sums)."""
+    """Interleaved bit for bit with one copy; with 2 copies its other cuts leave 1.6e-6
+    relative (float32 rounding of the copies' sums). Zero bubble sums each micro-batch's
+    Dense weight gradients where GPipe takes them once over the batch
+    (batched_weight_grads): float32 rounding of another summation order."""
     reference = _gpipe(copies)
     split, weights = _train(_mlp, schedule, stages, virtual=virtual, copies=copies,
                             data=_data())
@@ -80,8 +82,10 @@ def test_new_schedules_end_with_gpipes_weights(schedule, stages, virtual, copies
         __import__("keras")).get_weights()))
     assert moved > 1e-2  # Adam trained
     for a, b in zip(weights, reference):
-        if copies == 1 or schedule == "zb":
+        if copies == 1 and schedule != "zb":
             np.testing.assert_array_equal(a, b)
+        elif schedule == "zb":  # per tensor, against its largest entry (a real error: 1e-3)
+            assert np.abs(a - b).max() <= 1e-6 * np.abs(b).max(), np.abs(a - b).max()
         else:
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 

@@ -16,7 +16,9 @@ That trade (the batch's inputs and pre-activation gradients kept instead of
 two kernel-sized tensors per micro-batch) pays where the kernel outweighs
 them: `worth_batching`. Only plain `keras.layers.Dense` calls whose weights
 are read as stored (no mixed-precision autocast, LoRA or quantization) and
-carry no regularizer are taken this way; every other layer keeps its per-micro-batch gradients.
+carry no regularizer are taken this way; every other layer keeps its
+per-micro-batch gradients, as does every layer under zero bubble, whose point is
+to run each micro-batch's weight gradient where a stage would otherwise idle.
 """
 
 from __future__ import annotations

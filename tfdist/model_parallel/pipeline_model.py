@@ -48,7 +48,8 @@ def _forward(stage, h, split, record, loss):
         stage: The `Stage`.
         h: Its input tensors.
         split: Whether each layer call gets a tape of its own (zero bubble).
-        record: Its `MicrobatchCalls` (None: no batched weight gradients).
+        record: Its `MicrobatchCalls` (None: no batched weight gradients; always
+            None when `split`).
         loss: outputs -> the scaled loss, for the last stage (under the tape).
 
     Returns:
@@ -58,7 +59,7 @@ def _forward(stage, h, split, record, loss):
     made = target = None
     with tf.GradientTape() as tape:
         if split:
-            out, made = stage.forward_split(list(h), training=True, batched=record)
+            out, made = stage.forward_split(list(h), training=True)
             tape.watch([t for t in out if t.dtype.is_floating])
         else:
             if stage.index > 0:  # the model's inputs (maybe tokens) need no gradient
@@ -270,8 +271,9 @@ class PipelineModel(keras.Model):
         stages = self.pipelines[c]
         split = any(a[0] == "I" for actions in self.schedule for a in actions)
         # Over several micro-batches, Dense layers' weight gradients are taken once,
-        # at the step's end, over all of them (batched_weight_grads).
-        batching = m > 1
+        # at the step's end, over all of them (batched_weight_grads). Not under zero
+        # bubble, whose point is to run each micro-batch's W where a stage would idle.
+        batching = m > 1 and not split
         batched = {}  # (micro-batch, stage) -> its MicrobatchCalls, until its backward
         waiting = [[] for _ in stages]  # each stage's backward-done DenseCalls
         tapes, ins, outs, targets, calls = {}, {}, {}, {}, {}
@@ -324,8 +326,6 @@ class PipelineModel(keras.Model):
                     ins.pop((i, k))
                     upstream[(i, k - 1)], calls[(i, k)] = stage.input_gradients(
                         calls.pop((i, k)), given)
-                    record = batched.pop((i, k), None)
-                    waiting[k] += record.calls if record else []
                     # The next action waits for this one's gradients (the output
                     # gradients kept for W where no input takes one).
                     last[d] = [_dense(t) for t in upstream[(i, k - 1)] if t is not None] or [

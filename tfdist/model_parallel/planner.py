@@ -11,8 +11,9 @@ counts what each device holds at its peak: its weights with their
 gradients and optimizer slots, and the activations of the micro-batches in
 flight (F done, its B or W not), chunk by chunk, over a measured baseline
 (what a process holds before its stage: TensorFlow itself). A Dense layer
-whose weight gradient is taken once a step (`batched_weight_grads`) costs no
-W per micro-batch but M of them after its device's last action. `plan` does it
+whose weight gradient is taken once a step (`batched_weight_grads`; every
+schedule but zero bubble) costs no W per micro-batch but M of them after its
+device's last action. `plan` does it
 for every schedule offered, `choose` picks the fastest that fits a memory
 limit, and `format_predictions` and `reason` print the result beside the
 placement table (`tfdist.strategies.pipeline`).
@@ -118,7 +119,8 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
         "activation_bytes": [per device]}.
     """
     schedule = schedules.build(name, stages, microbatches, virtual)
-    chunks = chunk_costs(layers, bounds, microbatches)
+    # Zero bubble keeps each micro-batch's W (to run it where a stage would idle).
+    chunks = chunk_costs(layers, bounds, 1 if name == "zb" else microbatches)
     if len(chunks) != schedules.chunks(name, stages, virtual):
         raise ConfigError(f"The planner got {len(chunks)} chunk(s) for --schedule {name} on "
                           f"{stages} stages (V={virtual}); it cuts "

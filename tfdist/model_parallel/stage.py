@@ -45,7 +45,6 @@ class _Call:
     outputs: list  # (tensor id, value)
     variables: list
     given: list = dataclasses.field(default_factory=list)  # (output value, its gradient)
-    dense: object = None  # its batched_weight_grads.DenseCall, when its weights wait
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,11 +196,8 @@ class Stage:
                     layer, [c for c in calls if c.layer is layer]))
         return [made.get(id(v)) for v in self.variables]
 
-    def forward_split(self, values, training=None, batched=None):
+    def forward_split(self, values, training=None):
         """`forward` with each layer call under a tape of its own (zero-bubble schedules).
-
-        `batched` as in `forward`: `input_gradients` sets its calls'
-        pre-activation gradients, and `weight_gradients` leaves their layers out.
 
         Returns:
             (outputs aligned with `outputs`, the calls' record for `input_gradients`).
@@ -219,20 +215,14 @@ class Stage:
                 layer, args, kwargs = _call(node, known, training)
                 ins = [(id(t), known[id(t)]) for t in dict.fromkeys(node.input_tensors)
                        if id(t) in needs and known[id(t)].dtype.is_floating]
-                dense = (batched is not None and id(layer) in self._batchable
-                         and len(args) == 1 and set(kwargs) <= {"training"}
-                         and batched.takes(layer, args[0]))
                 with tf.GradientTape(persistent=True) as tape:
                     tape.watch([v for _, v in ins])
-                    out = tree.flatten(batched.call(layer, args[0]) if dense
-                                       else layer(*args, **kwargs))
+                    out = tree.flatten(layer(*args, **kwargs))
                 for ref, value in zip(node.outputs, out):
                     known[id(ref)] = value
                     needs.add(id(ref))
-                calls.append(_Call(
-                    tape, ins, [(id(r), v) for r, v in zip(node.outputs, out)],
-                    [] if dense else [v for v in layer.trainable_weights if id(v) in ours],
-                    dense=batched.calls[-1] if dense else None))
+                calls.append(_Call(tape, ins, [(id(r), v) for r, v in zip(node.outputs, out)],
+                                   [v for v in layer.trainable_weights if id(v) in ours]))
         return [known[i] for i in self.outputs], calls
 
     def input_gradients(self, calls, upstream):
@@ -256,12 +246,9 @@ class Stage:
                 if not call.given:
                     continue
                 targets, given = zip(*call.given)
-                if call.inputs or call.dense:
-                    z = [call.dense.z] if call.dense else []
-                    into = call.tape.gradient(list(targets), [*(v for _, v in call.inputs), *z],
+                if call.inputs:
+                    into = call.tape.gradient(list(targets), [v for _, v in call.inputs],
                                               output_gradients=list(given))
-                    if call.dense:
-                        call.dense.dz = into[-1]
                     for (i, _), g in zip(call.inputs, into):
                         grads[i] = add_gradients(grads.get(i), g)
                 pending.append(call)
