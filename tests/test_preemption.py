@@ -83,6 +83,35 @@ def test_catch_signals_blocks_both_in_the_main_thread_until_uninstalled():
     assert not {signal.SIGTERM, signal.SIGINT} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+def test_a_siginfo_naming_no_signal_of_the_set_is_not_a_stop(monkeypatch):
+    import time
+
+    from tfdist import preemption
+
+    class Garbage:
+        si_signo = 1205072368  # what one Slurm rank reported after its last step
+
+    given = []
+
+    def sigtimedwait(signals, timeout):
+        if not given:
+            given.append(True)
+            return Garbage()
+        time.sleep(timeout)
+        return None
+
+    monkeypatch.setattr(preemption.signal, "sigtimedwait", sigtimedwait)
+    watcher = preemption.catch_signals()
+    try:
+        deadline = time.monotonic() + 5
+        while not given and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert given and not watcher.requested and watcher.signum is None
+    finally:
+        watcher.uninstall()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("name, after", [("SIGTERM", "start"), ("SIGINT", "last epoch")])
 def test_a_signal_at_start_up_or_at_the_final_save_ends_in_its_status(tmp_path, name, after):
