@@ -112,3 +112,15 @@ def test_kernel_gradients_taken_at_the_steps_end_are_applied_one_after_another()
                    for op in made)
     # d0's kernel first; d1's after d0's kernel and bias; out's after d1's as well.
     assert waits == [0, 2, 4]
+
+
+def test_the_row_arithmetic_agrees_with_itself():
+    assert bwg.call_rows((8, 5, 64)) == 40  # a Dense on (batch, time, features)
+    assert bwg.call_rows((None, 64)) is None
+    most = bwg.most_microbatches(4, 64, 64)
+    assert most == 8 and bwg.worth_batching(4 * most, 64, 64)
+    assert not bwg.worth_batching(4 * (most + 1), 64, 64)
+    assert bwg.most_microbatches(None, 64, 64) == 0
+    assert bwg.in_schedule([[("F", 0), ("B", 0)]], 4)
+    assert not bwg.in_schedule([[("F", 0), ("I", 0), ("W", 0)]], 4)  # zero bubble
+    assert not bwg.in_schedule([[("F", 0), ("B", 0)]], 1)

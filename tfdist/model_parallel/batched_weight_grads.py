@@ -24,6 +24,7 @@ to run each micro-batch's weight gradient where a stage would otherwise idle.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass
@@ -60,20 +61,39 @@ class MicrobatchCalls:
         """Whether this call of `layer` on `x` is batched (`plain_dense`, `worth_batching`)."""
         if not plain_dense(layer) or getattr(x, "_keras_mask", None) is not None:
             return False
-        shape = list(x.shape)
-        rows = None
-        if shape and all(d is not None for d in shape[:-1]):
-            rows = self.microbatches
-            for d in shape[:-1]:
-                rows *= int(d)
-        kernel = layer.kernel.shape
-        return worth_batching(rows, int(kernel[0]), int(kernel[-1]))
+        rows = call_rows(x.shape)
+        return worth_batching(None if rows is None else rows * self.microbatches, *units(layer))
 
     def call(self, layer, x):
         """`call`, recording the call; returns the layer's output."""
         out, z = call(layer, x)
         self.calls.append(DenseCall(layer, x, z))
         return out
+
+
+def in_schedule(schedule, microbatches: int) -> bool:
+    """Pure function: whether a schedule's steps take batched weight gradients: over
+    several micro-batches, and not zero bubble (a schedule with input-gradient "I"
+    actions, whose point is to run each micro-batch's W where a stage would idle)."""
+    return microbatches > 1 and not any(a[0] == "I" for actions in schedule for a in actions)
+
+
+def units(layer) -> tuple[int, int]:
+    """A Dense layer's kernel dimensions (in, out)."""
+    return int(layer.kernel.shape[0]), int(layer.kernel.shape[-1])
+
+
+def call_rows(shape) -> int | None:
+    """Pure function: the rows a Dense call multiplies (every axis but the last), None
+    when the trace does not know one of them."""
+    dims = list(shape)[:-1]
+    return None if any(d is None for d in dims) else math.prod(int(d) for d in dims)
+
+
+def most_microbatches(rows: int | None, units_in: int, units_out: int) -> int:
+    """Pure function: the largest M for which `worth_batching(M * rows, ...)` holds
+    (M * rows * (in + out) <= in * out); 0 with unknown or no rows."""
+    return (units_in * units_out) // ((units_in + units_out) * rows) if rows else 0
 
 
 def worth_batching(rows: int | None, units_in: int, units_out: int) -> bool:
@@ -136,8 +156,7 @@ def gradients(layer, calls: list[DenseCall]) -> dict[int, object]:
     flowed = [c for c in calls if c.dz is not None]
     if not flowed:
         return {}
-    units_in = layer.kernel.shape[0]
-    units_out = layer.kernel.shape[-1]
+    units_in, units_out = units(layer)
     with tf.name_scope("batched_weight_grads"):  # a kind of its own in bench timelines
         x = tf.concat([tf.reshape(c.x, [-1, units_in]) for c in flowed], 0)
         dz = tf.concat([tf.reshape(c.dz, [-1, units_out]) for c in flowed], 0)

@@ -34,7 +34,7 @@ def device_rows(model, microbatch_rows: int) -> list[tuple]:
     import numpy as np
 
     from tfdist import parameters
-    from tfdist.model_parallel import placement, schedules
+    from tfdist.model_parallel import batched_weight_grads, placement, schedules
 
     def process(device: str) -> str:
         name = placement.short_name(device)
@@ -51,7 +51,7 @@ def device_rows(model, microbatch_rows: int) -> list[tuple]:
     trainable = {id(v) for v in model.trainable_variables}
     held = 1 if (model.microbatches == 1 and model.num_copies == 1) else 2
     batched = {}
-    if model.microbatches > 1:
+    if batched_weight_grads.in_schedule(model.schedule, model.microbatches):
         for stage in model.stages:
             for weights, kept in _batched(stage, microbatch_rows * model.microbatches):
                 batched.update({id(v): stage.device for v in weights})
@@ -75,20 +75,17 @@ def _batched(stage, step_rows: int) -> list[tuple]:
     are taken once a step over `step_rows` examples (`batched_weight_grads`)."""
     import numpy as np
 
-    from tfdist.model_parallel import batched_weight_grads
+    from tfdist.model_parallel import batched_weight_grads as bwg
 
     out = []
     for node in stage._nodes:
         layer = node.operation
-        if (id(layer) not in stage._batchable or not batched_weight_grads.plain_dense(layer)
+        if (id(layer) not in stage._batchable or not bwg.plain_dense(layer)
                 or len(node.input_tensors) != 1):
             continue
-        shape = tuple(node.input_tensors[0].shape)[1:-1]
-        if any(d is None for d in shape):
-            continue
-        rows = step_rows * math.prod(shape)
-        units_in, units_out = int(layer.kernel.shape[0]), int(layer.kernel.shape[-1])
-        if batched_weight_grads.worth_batching(rows, units_in, units_out):
+        rows = bwg.call_rows((step_rows, *tuple(node.input_tensors[0].shape)[1:]))
+        units_in, units_out = bwg.units(layer)
+        if bwg.worth_batching(rows, units_in, units_out):
             size = np.dtype(layer.kernel.dtype).itemsize
             out.append((layer.trainable_weights, rows * (units_in + units_out) * size))
     return out

@@ -271,9 +271,8 @@ class PipelineModel(keras.Model):
         stages = self.pipelines[c]
         split = any(a[0] == "I" for actions in self.schedule for a in actions)
         # Over several micro-batches, Dense layers' weight gradients are taken once,
-        # at the step's end, over all of them (batched_weight_grads). Not under zero
-        # bubble, whose point is to run each micro-batch's W where a stage would idle.
-        batching = m > 1 and not split
+        # at the step's end, over all of them; not under zero bubble (batched_weight_grads).
+        batching = batched_weight_grads.in_schedule(self.schedule, m)
         batched = {}  # (micro-batch, stage) -> its MicrobatchCalls, until its backward
         waiting = [[] for _ in stages]  # each stage's backward-done DenseCalls
         tapes, ins, outs, targets, calls = {}, {}, {}, {}, {}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import schedules, simulate
+from tfdist.model_parallel import batched_weight_grads, schedules, simulate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +119,8 @@ def predict(name: str, layers: list[LayerCost], bounds: list[int], stages: int,
         "activation_bytes": [per device]}.
     """
     schedule = schedules.build(name, stages, microbatches, virtual)
-    # Zero bubble keeps each micro-batch's W (to run it where a stage would idle).
-    chunks = chunk_costs(layers, bounds, 1 if name == "zb" else microbatches)
+    chunks = chunk_costs(layers, bounds, microbatches if batched_weight_grads.in_schedule(
+        schedule, microbatches) else 1)
     if len(chunks) != schedules.chunks(name, stages, virtual):
         raise ConfigError(f"The planner got {len(chunks)} chunk(s) for --schedule {name} on "
                           f"{stages} stages (V={virtual}); it cuts "

@@ -155,16 +155,11 @@ def _node_cost(node, known, copies, counted, repeats) -> LayerCost:
 def batched_upto(layer, args) -> int:
     """The most micro-batches (of the profiled rows) at which a call of `layer` on
     `args` has its weight gradient taken once a step (`batched_weight_grads`); 0: never."""
-    import math
+    from tfdist.model_parallel import batched_weight_grads as bwg
 
-    from tfdist.model_parallel import batched_weight_grads
-
-    if len(args) != 1 or not batched_weight_grads.plain_dense(layer):
+    if len(args) != 1 or not bwg.plain_dense(layer):
         return 0
-    rows = math.prod(int(d) for d in args[0].shape[:-1])
-    units_in, units_out = int(layer.kernel.shape[0]), int(layer.kernel.shape[-1])
-    # worth_batching(M * rows, in, out): M * rows * (in + out) <= in * out
-    return (units_in * units_out) // ((units_in + units_out) * rows) if rows else 0
+    return bwg.most_microbatches(bwg.call_rows(args[0].shape), *bwg.units(layer))
 
 
 def _update_s(variables, repeats) -> float:
