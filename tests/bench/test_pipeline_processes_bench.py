@@ -104,12 +104,14 @@ def test_sampler_clock_is_the_step_timer_clock():
 
 
 def test_gpipe_ideal_ratio():
-    assert pp.gpipe_ideal_ratio(2, 8) == pytest.approx(9 / 16)
-    assert pp.gpipe_ideal_ratio(4, 4) == pytest.approx(7 / 16)
-    assert pp.gpipe_ideal_ratio(1, 8) == 1.0
-    assert pp.gpipe_ideal_ratio(2, 1) == 1.0  # naive model parallel: no overlap
+    from tfdist.model_parallel.plan import ideal_step_ratio
+
+    assert ideal_step_ratio(2, 8) == pytest.approx(9 / 16)
+    assert ideal_step_ratio(4, 4) == pytest.approx(7 / 16)
+    assert ideal_step_ratio(1, 8) == 1.0
+    assert ideal_step_ratio(2, 1) == 1.0  # naive model parallel: no overlap
     with pytest.raises(ValueError, match="stages=0"):
-        pp.gpipe_ideal_ratio(0, 8)
+        ideal_step_ratio(0, 8)
 
 
 def test_median_step_skips_the_warmup_and_an_outlier():
@@ -183,7 +185,7 @@ def test_time_part_runs_each_batch_size_and_reports_it_against_the_ideal(monkeyp
     assert [p["microbatch_rows"] for p in t["points"]] == [8, 64]
     for p in t["points"]:
         assert p["ratio"] == pytest.approx(0.6)
-        assert p["vs_ideal"] == pytest.approx(0.6 / pp.gpipe_ideal_ratio(2, 8))
+        assert p["vs_ideal"] == pytest.approx(0.6 / (9 / 16))
     assert len(calls) == 2 * 2 * 2  # batch sizes x repeats x (2 stages, 1 process)
     argv, tasks, kw = calls[0]
     assert tasks == 2 and kw["bind"] == "cores" and argv[argv.index("--devices") + 1] == "0"

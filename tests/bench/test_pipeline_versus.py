@@ -5,15 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfdist.bench import pipeline_processes as pp
-from tfdist.bench import pipeline_versus as pv
 from tfdist.bench import timeline
-
-
-def test_the_ideal_is_a_stages_share_in_m_plus_p_minus_1_slots():
-    assert pv.ideal_ratio(2, 8) == pytest.approx(9 / 16)
-    assert pv.ideal_ratio(2, 1) == 1.0  # one micro-batch: the stages take turns
-    with pytest.raises(ValueError, match="Received: stages=0"):
-        pv.ideal_ratio(0, 8)
 
 
 def test_traced_ops_are_told_apart_by_kind():

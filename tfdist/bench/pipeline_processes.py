@@ -119,21 +119,6 @@ def add_arguments(parser):
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
 
 
-def gpipe_ideal_ratio(stages: int, microbatches: int) -> float:
-    """Pure function: GPipe's step time on P stages over one stage doing all the work.
-
-    M micro-batches take M + P - 1 slots of one stage's share (1/P) of the
-    work: (M + P - 1) / (M P).
-
-    Raises:
-        ValueError: for stages or microbatches below 1.
-    """
-    if stages < 1 or microbatches < 1:
-        raise ValueError(f"need stages >= 1 and microbatches >= 1. Received: stages={stages}, "
-                         f"microbatches={microbatches}.")
-    return (microbatches + stages - 1) / (microbatches * stages)
-
-
 def median_step_s(times: list[float], warmup: int) -> float:
     """Pure function: the median step of the step-end `times` after the first `warmup` steps.
 
@@ -261,7 +246,9 @@ def _memory(args) -> dict:
 
 def _time(args) -> dict:
     p, m = args.time_stages, args.time_microbatches
-    ideal = gpipe_ideal_ratio(p, m)
+    from tfdist.model_parallel import plan
+
+    ideal = plan.ideal_step_ratio(p, m)
     points = []
     for batch in _parse_ints(args.time_batch_sizes):
         base = [*_recipe_args(args.time_model, args.time_steps), "--global-batch-size",

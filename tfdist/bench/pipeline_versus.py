@@ -15,7 +15,7 @@ the wall clock (the median step of a run, after its warm-up):
   (`tfdist.launch --cpu-bind cores --threads 1`), at each M.
 
 The stages' arithmetic: a stage does 1/P of one core's work, in M + P - 1
-slots of 1/M of it: `ideal_ratio` x the 1-core step. Where the time goes
+slots of 1/M of it: `plan.ideal_step_ratio` x the 1-core step. Where the time goes
 beyond that: one stage-process run at the largest M traced by TensorFlow's
 profiler (`tfdist.bench.timeline`), each task's op time per step by kind
 (`timeline.by_kind`).
@@ -48,28 +48,13 @@ def add_arguments(parser) -> None:
                              "for the breakdown (0: no trace)")
 
 
-def ideal_ratio(stages: int, microbatches: int) -> float:
-    """Pure function: a pipeline's step over one core's step of the whole model.
-
-    Each of P stages does 1/P of the work, in M + P - 1 slots of 1/M of it.
-
-    Raises:
-        ValueError: for stages or microbatches below 1.
-    """
-    if stages < 1 or microbatches < 1:
-        raise ValueError(f"need stages >= 1 and microbatches >= 1. Received: stages={stages}, "
-                         f"microbatches={microbatches}.")
-    return (microbatches + stages - 1) / (microbatches * stages)
-
-
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def _points(args) -> list[tuple[str, list[str], dict]]:
-    """(name, argv, how it runs) of each run of a round."""
-    p, ms = args.time_stages, _ints(args.versus_microbatches)
-    top = max(ms)
+def _points(args, ms: list[int]) -> list[tuple[str, list[str], dict]]:
+    """(name, argv, how it runs) of each run of a round, stage runs at each M of `ms`."""
+    p, top = args.time_stages, max(ms)
     base = [*shlex.split(args.versus_model), "--epochs", "1", "--verbose", "0", "--seed", "0",
             "--steps-per-epoch", str(args.versus_steps)]
     pipe = ["--strategy", "pipeline", "--schedule", args.versus_schedule]
@@ -109,7 +94,11 @@ def _trace(run_job, args, argv, how) -> dict:
 def measure(args, run_job) -> dict:
     """Runs the part. `run_job(argv, tasks, timeout, interval, bind=, share=, warmup=, env=)`
     runs one job (`pipeline_processes._run`)."""
-    points = _points(args)
+    from tfdist.model_parallel import plan
+
+    ms = _ints(args.versus_microbatches)
+    top = max(ms)
+    points = _points(args, ms)
     per = {name: [] for name, _, _ in points}
     for r in range(args.repeats):
         for name, argv, how in (points if r % 2 == 0 else points[::-1]):
@@ -126,12 +115,10 @@ def measure(args, run_job) -> dict:
                      # per round, against the single run of the same round
                      "vs_single": statistics.median(x["step_s"] / s["step_s"]
                                                     for x, s in zip(runs_, per["single"]))}
-    for m in _ints(args.versus_microbatches):
+    for m in ms:
         point = out[f"stages_m{m}"]
-        point["ideal_s"] = ideal_ratio(p, m) * out["single_1core"]["step_s"]
+        point["ideal_s"] = plan.ideal_step_ratio(p, m) * out["single_1core"]["step_s"]
         point["vs_ideal"] = point["step_s"] / point["ideal_s"]
-    ms = _ints(args.versus_microbatches)
-    top = max(ms)
     checks = {"stages_vs_single": out[f"stages_m{top}"]["vs_single"],
               "stages_vs_single_met": out[f"stages_m{top}"]["vs_single"] <= TARGET_VS_SINGLE,
               "pipeline_1proc_vs_model_parallel": statistics.median(

@@ -163,6 +163,15 @@ def busy(intervals: list[tuple], a: float, b: float, gap_ms: float = 1.0):
     return total, gaps
 
 
+def _window(ops: dict[int, list], steps: list[tuple]):
+    """(first op's start, last op's end, the steps wholly inside), or None without ops."""
+    every = [iv for intervals in ops.values() for iv in intervals]
+    if not every:
+        return None
+    a, b = min(s for s, _, _ in every), max(e for _, e, _ in every)
+    return a, b, [(s, e) for s, e in steps if s >= a and e <= b]
+
+
 def summarize(ops: dict[int, list], steps: list[tuple], gap_ms: float = 1.0,
               top: int = 5) -> dict:
     """Pure function: per task, its busy share of the window and of each whole step.
@@ -176,11 +185,10 @@ def summarize(ops: dict[int, list], steps: list[tuple], gap_ms: float = 1.0,
         "step_busy": [share per step], "median_step_busy" (None without a whole
         step), "median_step_gaps": [...]}}}.
     """
-    every = [iv for intervals in ops.values() for iv in intervals]
-    if not every:
+    window = _window(ops, steps)
+    if window is None:
         return {"window_ms": 0.0, "steps": [], "tasks": {}}
-    a, b = min(s for s, _, _ in every), max(e for _, e, _ in every)
-    whole = [(s, e) for s, e in steps if s >= a and e <= b]
+    a, b, whole = window
     median = None
     if whole:
         lengths = [e - s for s, e in whole]
@@ -235,11 +243,7 @@ def by_kind(ops: dict[int, list], steps: list[tuple]) -> dict:
     Returns:
         {task: {"busy": share, "ms_per_step": {kind: ms}}}; empty without a whole step.
     """
-    every = [iv for intervals in ops.values() for iv in intervals]
-    if not every:
-        return {}
-    a, b = min(s for s, _, _ in every), max(e for _, e, _ in every)
-    whole = [(s, e) for s, e in steps if s >= a and e <= b]
+    whole = (_window(ops, steps) or (0, 0, []))[2]
     if not whole:
         return {}
     span = sum(e - s for s, e in whole)

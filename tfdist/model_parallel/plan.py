@@ -67,6 +67,13 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def ideal_step_ratio(stages: int, microbatches: int) -> float:
+    """A balanced pipeline's step over one device's step of the whole model: each of
+    P stages does 1/P of the work, busy 1 - `bubble_fraction` of the step, so
+    (M + P - 1) / (M P)."""
+    return 1 / (stages * (1 - bubble_fraction(stages, microbatches)))
+
+
 def measured_bubble(step_time_s: float, busy_times_s: list[float]) -> float:
     """Idle fraction of a pipeline step: 1 - (mean busy time of a device) / (step time).
 
