@@ -234,7 +234,7 @@ def test_inspect_fresh_resumable_finished_and_different(tmp_path):
 def test_the_rerun_rule_is_one_declaration_and_decides_what_is_recorded_and_compared():
     # Output forms, logging, memory and speed, run control: a rerun may change them.
     free = ["final_weights", "csv_log", "tensorboard", "status_file", "verbose", "tf_logs",
-            "shard_optimizer_state", "threads", "inter_op_threads", "bucket_mb",
+            "shard", "shard_optimizer_state", "threads", "inter_op_threads", "bucket_mb",
             "collective", "collective_timeout_s", "startup_timeout_s", "epochs", "keep",
             "save_every_steps", "resume", "model_dir"]
     assert [k for k in free if not config.rerun_may_change(k)] == []
@@ -260,7 +260,7 @@ def test_the_rerun_rule_is_one_declaration_and_decides_what_is_recorded_and_comp
     assert run_dir.idle_options({"shard_optimizer_state", "threads", "final_weights",
                                  "epochs"}) == ["--shard-optimizer-state", "--threads"]
     # --help and docs/options.md say the rule.
-    assert "--shard-optimizer-state" in config.RERUN_RULE
+    assert "--shard-optimizer-state" in config.RERUN_RULE and "--shard," in config.RERUN_RULE
     assert "--final-weights" in config.RERUN_RULE
 
 

@@ -72,7 +72,7 @@ OPTIONS: dict[str, Option] = {
                         "STRATEGY-Pst[-Ccp]; named from what runs and its layout: tfdist.run.run_dir)"),
     "deterministic": Option(False, "enable_op_determinism: bitwise repeatable runs"),
     **_adapter("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression",
-               "bucket_mb", "shard_optimizer_state"),
+               "bucket_mb", "shard", "shard_optimizer_state"),
     "threads": Option(0, "intra-op threads per process (0: TensorFlow's choice)",
                       ge=0, le=4096),
     # --threads sizes only the intra-op pool: a worker held to one core needs 1 here too.
@@ -143,7 +143,8 @@ RERUN_FREE: dict[str, str] = {
     # logging: what is printed
     **dict.fromkeys(("verbose", "tf_logs"), "logging"),
     # memory and speed: where state lives, threads, collectives and timeouts (the same math)
-    **dict.fromkeys(("shard_optimizer_state", "threads", "inter_op_threads", "deterministic",
+    **dict.fromkeys(("shard", "shard_optimizer_state", "threads", "inter_op_threads",
+                     "deterministic",
                      "collective", "collective_timeout_s", "startup_timeout_s", "bucket_mb"),
                     "memory"),
 }
@@ -158,8 +159,8 @@ RERUN_RULE = (
     "learning rate, precision, seed, strategy and layout) make another run: its own dir, or "
     "a refusal on the same dir. Output forms (--final-weights, --csv-log, --tensorboard, "
     "--status-file), logging (--verbose, --tf-logs), memory and speed options "
-    "(--shard-optimizer-state, --threads, --inter-op-threads, --bucket-mb, collectives and "
-    "timeouts) and run control (--epochs, --keep, --save-every-steps, ...) may change on a "
+    "(--shard, --shard-optimizer-state, --threads, --inter-op-threads, --bucket-mb, "
+    "collectives and timeouts) and run control (--epochs, --keep, --save-every-steps, ...) may change on a "
     "rerun; on a finished run another --final-weights form is written from its last "
     "backup, and a memory or speed option is said to have nothing to act on.")
 

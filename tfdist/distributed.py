@@ -178,7 +178,7 @@ def setup(strategy: str = "auto", **options) -> Distributed:
             says what each means): every field of `tfdist.strategies.StrategyOptions`
             (`devices`: local replicas, GPUs or the CPU split into this many;
             `collective`, `collective_timeout_s`, `startup_timeout_s`,
-            `grad_compression`, `bucket_mb`, `shard_optimizer_state` (`tfdist.zero`),
+            `grad_compression`, `bucket_mb`, `shard` ("optimizer", "gradients": `tfdist.zero`),
             `microbatches`, `schedule` (with "auto": pass `global_batch_size` to
             `model()`), `virtual_stages`, `balance`, `placement`, `stages`, `tensor_parallel`, `ps_shards`,
             `min_shard_bytes`), and `threads`, `inter_op_threads`, `tf_logs` (show

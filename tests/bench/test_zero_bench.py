@@ -12,11 +12,16 @@ MIB = 1 << 20
 def test_expected_saving_is_the_state_the_most_loaded_worker_does_not_own():
     assert zero.expected_saving([4, 4, 4, 4], 4) == 12
     assert zero.expected_saving([10, 1, 1], 2) == 2  # worker 0 owns 10, worker 1 the rest
+    # At "gradients" one copy of the unowned gradients goes too (Adam: state = 2 x weights).
+    assert zero.expected_saving([8, 8, 8, 8], 4, [4, 4, 4, 4]) == 36
+    assert zero.expected_saving([20, 2, 2], 2, [10, 1, 1]) == 6
 
 
 @pytest.mark.parametrize("kw, message", [
     ({"strategies": "ps"}, "--strategies takes multi_worker, shm, horovod. Received: 'ps'"),
     ({"workers": 1}, "-n >= 2"),
+    ({"levels": "optimizer,gradients"}, "--levels takes none first"),
+    ({"levels": "none,parameterz"}, "Received: 'none,parameterz'"),
     ({"strategies": "shm,horovod", "venv": "/nonexistent"}, "needs the Horovod venv")])
 def test_bad_flags_are_refused_before_anything_runs(kw, message):
     args = argparse.Namespace(**{"workers": 4, "strategies": "shm", **kw})
@@ -25,13 +30,18 @@ def test_bad_flags_are_refused_before_anything_runs(kw, message):
 
 
 def _result():
-    row = {"strategy": "shm", "peak_bytes": [3000 * MIB] * 2,
-           "sharded_peak_bytes": [1700 * MIB] * 2,
-           "saved_bytes": [1300 * MIB] * 2, "saved_over_expected": 3.4, "step_s": 4.0,
-           "sharded_step_s": 2.0, "step_ratio": 0.5}
-    return {"model": "m", "workers": 2, "state_bytes": 514 * MIB,
-            "expected_saving_bytes": 257 * MIB, "rows": [row, {**row, "strategy": "multi_worker"}],
-            "goals": {"saved_over_expected": 0.8, "step_ratio": 1.1}}
+    peaks = {"none": [3000 * MIB] * 2, "optimizer": [1700 * MIB] * 2,
+             "gradients": [1500 * MIB] * 2}
+    row = {"strategy": "shm", "peak_bytes": peaks,
+           "saved_over_expected": {"optimizer": 3.4, "gradients": 1.25},
+           "step_s": {"none": 4.0, "optimizer": 2.0, "gradients": 2.1},
+           "step_ratio": {"optimizer": 0.5, "gradients": 0.525}}
+    return {"model": "m", "workers": 2, "levels": list(zero.LEVELS), "state_bytes": 514 * MIB,
+            "weight_bytes": 257 * MIB,
+            "expected_saving_bytes": {"optimizer": 257 * MIB, "gradients": 385 * MIB},
+            "rows": [row, {**row, "strategy": "multi_worker"}],
+            "goals": {"saved_over_expected": 0.8, "step_ratio": 1.1,
+                      "gradients_over_optimizer_step": 1.05}}
 
 
 def test_table_and_plot_show_every_strategy():
@@ -39,6 +49,7 @@ def test_table_and_plot_show_every_strategy():
 
     text = zero.table(_result())
     assert "shm" in text and "multi_worker" in text and "3.40" in text and "0.50" in text
+    assert "gradients" in text and "1.25" in text and "0.53" in text
     fig = Figure()
     zero.plot(_result(), fig)
     assert len(fig.axes) == 2

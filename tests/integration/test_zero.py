@@ -1,17 +1,19 @@
-"""`--shard-optimizer-state` (ZeRO-1): N workers, each holding 1/N of the optimizer
-state, end with one replica's weights.
+"""`--shard optimizer` (ZeRO-1) and `--shard gradients` (ZeRO-2): N workers, each
+holding 1/N of the optimizer state (and at "gradients" of the reduced gradients and
+accumulators), end with one replica's weights.
 
-One launched job per (strategy, N) trains the dense and the Embedding
+One launched job per (strategy, N, level) trains the dense and the Embedding
 (attention) model with SGD + momentum, Adam, AdamW and RMSprop in sequence
-(tests/workers/equality_matrix.py through `tfdist.setup(shard_optimizer_state=True)`),
+(tests/workers/equality_matrix.py through `tfdist.setup(shard=...)`), one 2-worker
+job also lamb and adafactor (whole-weight optimizers: owners hold whole variables),
 plus Adam on the Embedding model with 2 accumulated half batches and SGD on it
-with every step clipped by global norm (multi_worker sums each gradient onto
-its owner only, `tfdist.zero.scatter`, so the norm adds every worker's part);
-the one-replica reference is test_equality_matrix's (each tower of its models is
-trained as if alone, so its dense and attention cells are these). Every cell must equal one replica at
-rtol 1e-5 (multi_worker gathering the weights in row ranges of 100 elements),
-every worker must hold the same weights, and each worker's slots must be its
-share: together exactly one replica's, none over the mean by more than the
+with every step clipped by global norm (each gradient is summed onto its owner only,
+`tfdist.zero.scatter`, so the norm adds every worker's part); the one-replica
+reference is test_equality_matrix's (each tower of its models is trained as if
+alone, so its dense and attention cells are these). Every cell must equal one
+replica at rtol 1e-5 (multi_worker gathering the weights in row ranges of 100
+elements), every worker must hold the same weights, and each worker's slots must be
+its share: together exactly one replica's, none over the mean by more than the
 largest weight (`tfdist.zero.partition.owners`). The backup test is at the end.
 """
 
@@ -40,30 +42,39 @@ assert CLIPPED in MATRIX_JOBS["single"][1][-1], MATRIX_JOBS["single"]
 # Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
 # velocity (no momentum: its default).
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
-JOBS = {("shm", 2), ("shm", 4), ("multi_worker", 2), ("multi_worker", 4)}
+# (strategy, workers, --shard level): each engine at both levels, each level at 2 and
+# 4 workers. At "gradients" a worker also keeps only its accumulators.
+JOBS = {("shm", 2, "optimizer"), ("shm", 4, "gradients"), ("multi_worker", 2, "gradients"),
+        ("multi_worker", 4, "optimizer")}
+# Whole-weight optimizers, trained where a 2-worker job has them: every owner holds
+# whole variables, so their updates are one replica's.
+WHOLE_WEIGHT = {("multi_worker", 2, "gradients"): ("lamb", "adafactor")}
 
 
-def _command(out, strategy, n):
-    args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
+def _command(out, strategy, n, level):
+    optimizers = OPTIMIZERS + WHOLE_WEIGHT.get((strategy, n, level), ())
+    args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(optimizers)]
     # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several.
     chunks = ["--gather-chunk-elements", "100"] if strategy == "multi_worker" else []
+    shard = ["--shard-optimizer-state"] if level == "optimizer" else ["--shard", level]
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
-            "--variants", VARIANTS, "--shard-optimizer-state", *chunks]
+            "--variants", VARIANTS, *shard, *chunks]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_run):
-    """{(strategy, N): {worker: cells}}, run 2 at a time, and ("single", 0): the reference
-    (test_equality_matrix's one-replica job: trained already when that module ran)."""
+    """{(strategy, N, level): {worker: cells}}, run 2 at a time, and ("single", 0, "none"):
+    the reference (test_equality_matrix's one-replica job: trained already when that
+    module ran)."""
     from concurrent.futures import ThreadPoolExecutor
 
     tmp = tmp_path_factory.mktemp("zero")
     jobs = sorted(JOBS)
-    outs = {job: str(tmp / f"{job[0]}{job[1]}") for job in jobs}
+    outs = {job: str(tmp / "-".join(map(str, job))) for job in jobs}
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(shared_run, single_reference)
         procs = run_py_many([_command(outs[job], *job) for job in jobs], parallel=2, timeout=500)
-        found = {("single", 0): reference.result()}
+        found = {("single", 0, "none"): reference.result()}
     for job, proc in zip(jobs, procs):
         assert proc.returncode == 0, (job, tail(proc))
     return {**found, **{job: _load(outs[job]) for job in jobs}}
@@ -71,12 +82,12 @@ def runs(tmp_path_factory, shared_run):
 
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_sharded_workers_equal_one_replica(runs, job):
-    reference = runs[("single", 0)]["worker0"]
+    reference = runs[("single", 0, "none")]["worker0"]
     workers = runs[job]
     assert len(workers) == job[1]
     cells = workers["worker0"]
     for model in MODELS.split(","):
-        for optimizer in OPTIMIZERS:
+        for optimizer in OPTIMIZERS + WHOLE_WEIGHT.get(job, ()):
             cell = f"{model}-{optimizer}"
             _assert_equal_weights(cells[cell], reference[cell], cell=f"{job} {cell}")
             for other in workers.values():  # every worker got the owners' values
@@ -92,28 +103,38 @@ def test_sharded_workers_equal_one_replica(runs, job):
 
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_each_worker_holds_its_share_of_the_state(runs, job):
-    n = job[1]
+    n, level = job[1], job[2]
     for optimizer in OPTIMIZERS:
         states = [json.loads(w[f"state:dense+attention-{optimizer}"]) for w in runs[job].values()]
+        assert {s["level"] for s in states} == {level}, states
         total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
         slots = [s["slot_bytes"] for s in states]
         assert sum(slots) == total, (optimizer, slots, total)
         bound = SLOTS_PER_WEIGHT[optimizer] * states[0]["largest"]
         assert max(slots) <= total / n + bound, (optimizer, slots)
         assert min(slots) > 0, slots
+    # With 2 accumulated half batches: Adam's 2 moments, and at "gradients" the
+    # accumulators (one weight's worth) split too; at "optimizer" they stay whole.
+    states = [json.loads(w["state:attention-adam-acc2"]) for w in runs[job].values()]
+    per_weight = 3 if level == "gradients" else 2
+    slots = [s["slot_bytes"] for s in states]
+    assert sum(slots) == per_weight * states[0]["weight_bytes"], (level, slots)
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_multi_worker_sums_gradients_onto_their_owners(runs, job):
-    # multi_worker reduce-scatters (tfdist.zero.scatter); shm's engine all-reduces.
+    # At "optimizer" multi_worker reduce-scatters in place of the all-reduce
+    # (tfdist.zero.scatter) and shm's engine all-reduces; at "gradients" every engine
+    # reduce-scatters in the optimizer's own step (tfdist.zero.gradients).
     for worker in runs[job].values():
         for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + ["attention-sgd-clip"]:
             state = json.loads(worker[f"state:{row}"])
-            assert state["scattered"] is (job[0] == "multi_worker"), (job, row, state)
+            scattered = job[0] == "multi_worker" and job[2] == "optimizer"
+            assert state["scattered"] is scattered, (job, row, state)
 
 
 def test_the_reference_moved_every_weight(runs):
-    cells = runs[("single", 0)]["worker0"]
+    cells = runs[("single", 0, "none")]["worker0"]
     for model in MODELS.split(","):
         start = cells[f"init:{model}"]
         for optimizer in OPTIMIZERS:
@@ -211,7 +232,9 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
     """mixed_float16, one step's gradient of one weight overflowing on one worker's
     rows (tests/workers/zero_loss_scale.py): under shm and multi_worker, 2 sharded
     workers skip that step together (the loss scale halved once, 2 of 3 steps applied
-    on both) and end with the weights of the same 2 workers unsharded, bit for bit.
+    on both) and end with the weights of the same 2 workers unsharded, bit for bit, at
+    `--shard optimizer` and at `--shard gradients` (where the finite check reads the
+    local gradients before the reduce-scatter, and the workers' agreement carries it).
     On multi_worker the workers' agreement on the finite check
     (`multi_worker._all_true`) is what carries it: with it taken out, worker 0
     (finite rows) applied the step and waited in the all-gather that worker 1
@@ -227,14 +250,16 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
         assert proc.returncode == 0, (strategy, tail(proc))
         ranks = [dict(np.load(tmp_path / strategy / f"worker{r}.npz")) for r in (0, 1)]
         for rank in ranks:
-            for run in ("whole", "sharded"):
+            for run in ("whole", "sharded", "gradients"):
                 assert float(rank[f"{run}_scale"]) == 2.0 ** 14, (strategy, run)
                 assert int(rank[f"{run}_iterations"]) == 2, (strategy, run)
             for key in (k for k in rank if k.startswith("whole:")):
-                np.testing.assert_array_equal(rank["sharded:" + key[6:]], rank[key],
-                                              err_msg=f"{strategy} {key}")
-                np.testing.assert_array_equal(rank["sharded:" + key[6:]],
-                                              ranks[0]["sharded:" + key[6:]])
+                for run in ("sharded", "gradients"):
+                    np.testing.assert_array_equal(rank[f"{run}:{key[6:]}"], rank[key],
+                                                  err_msg=f"{strategy} {run} {key}")
+                    np.testing.assert_array_equal(rank[f"{run}:{key[6:]}"],
+                                                  ranks[0][f"{run}:{key[6:]}"])
         # Sharded: a's slots (kernel and bias) on worker 0, b's kernel on worker 1.
-        assert [int(r["sharded_slot_bytes"]) for r in ranks] == [72, 48], strategy
+        for run in ("sharded", "gradients"):
+            assert [int(r[f"{run}_slot_bytes"]) for r in ranks] == [72, 48], (strategy, run)
         assert all(int(r["whole_slot_bytes"]) == 0 for r in ranks)

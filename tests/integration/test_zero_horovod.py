@@ -1,12 +1,12 @@
-"""`--shard-optimizer-state` under Horovod: 2 Gloo ranks, each holding half the
-optimizer state, end with one replica's weights.
+"""Sharding under Horovod: 2 Gloo ranks at `--shard gradients`, each holding half the
+optimizer state, reduced gradients and accumulators, end with one replica's weights.
 
 The same cells as tests/integration/test_zero.py (dense and Embedding +
-attention models, SGD + momentum, Adam, AdamW and RMSprop, and Adam with 2
-accumulated half batches), trained by `horovodrun --gloo` in the Horovod venv
-(TensorFlow 2.18), against one replica in the same venv; and the sharded ranks'
-backup (each rank's slots in a part of its own) resumed on one replica without
-sharding.
+attention models, SGD + momentum, Adam, AdamW and RMSprop, Adam with 2
+accumulated half batches, SGD clipped by global norm), trained by `horovodrun
+--gloo` in the Horovod venv (TensorFlow 2.18) with `hvd.reducescatter`, against
+one replica in the same venv; and the backup of ranks at `--shard optimizer`
+(each rank's slots in a part of its own) resumed on one replica without sharding.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 from tests.conftest import REPO, clean_env, tail
 from tests.integration.test_equality_matrix import _assert_equal_weights, _load
 from tests.integration.test_horovod import _train, horovodrun, venv  # noqa: F401 (a fixture)
-from tests.integration.test_zero import MODELS, OPTIMIZERS, SLOTS_PER_WEIGHT, VARIANTS, WORKER
+from tests.integration.test_zero import (CLIPPED, MODELS, OPTIMIZERS, SLOTS_PER_WEIGHT,
+                                         VARIANTS, WORKER)
 from tests.weights import dump_weights
 
 pytestmark = pytest.mark.integration
@@ -34,12 +35,13 @@ def horovod(tmp_path_factory, venv):
     python = os.path.join(venv, "bin", "python")
     tmp = tmp_path_factory.mktemp("zero_hvd")
     common = ["--models", MODELS, "--optimizers", ",".join(OPTIMIZERS)]
-    single = subprocess.Popen([python, WORKER, "single", str(tmp / "single"), *common],
+    single = subprocess.Popen([python, WORKER, "single", str(tmp / "single"), *common,
+                               "--variants", CLIPPED],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=REPO, env=clean_env(PYTHONPATH=REPO))
     ranks = horovodrun(venv, 2, "gloo", [WORKER, "horovod", str(tmp / "ranks"), *common,
                                                  "--variants", VARIANTS,
-                                                 "--shard-optimizer-state"], timeout=450)
+                                                 "--shard", "gradients"], timeout=450)
     out, err = single.communicate(timeout=450)
     assert single.returncode == 0, (out + err)[-3000:]
     assert ranks.returncode == 0, tail(ranks)
@@ -58,8 +60,14 @@ def test_sharded_horovod_ranks_equal_one_replica_and_hold_half_the_state(horovod
                 np.testing.assert_array_equal(workers["worker1"][cell][key], value, err_msg=cell)
     _assert_equal_weights(cells["attention-adam-acc2"], reference["attention-adam"],
                           cell="horovod attention-adam-acc2")
+    clipped = CLIPPED.replace(":", "-")
+    _assert_equal_weights(cells[clipped], reference[clipped], cell=f"horovod {clipped}")
+    # The accumulators (one weight's worth) are split with Adam's 2 moments.
+    acc = [json.loads(w["state:attention-adam-acc2"]) for w in workers.values()]
+    assert sum(s["slot_bytes"] for s in acc) == 3 * acc[0]["weight_bytes"], acc
     for optimizer in OPTIMIZERS:
         states = [json.loads(w[f"state:dense+attention-{optimizer}"]) for w in workers.values()]
+        assert {s["level"] for s in states} == {"gradients"}, states
         slots = [s["slot_bytes"] for s in states]
         total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
         assert sum(slots) == total and min(slots) > 0, (optimizer, slots, total)

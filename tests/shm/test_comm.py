@@ -121,6 +121,17 @@ def test_collectives_match_numpy(tmp_path, size):
             np.testing.assert_array_equal(got[f"bcast_{k}"], xs[size - 1][k])
             # Each chunk is reduced once and shared: every rank gets the same bits.
             np.testing.assert_array_equal(got[f"sum_{k}"], first[f"sum_{k}"])
+        # reduce_scatter: rank r gets row r of the sum (and of the mean), its shape only.
+        for k in ("f32_big", "i32", "f16"):
+            rows = [x[k].reshape(-1)[:size * (x[k].size // size)].reshape(size, -1) for x in xs]
+            want = sum(rows)[r]
+            tol = dict(rtol=1e-3, atol=1e-2) if k == "f16" else dict(rtol=1e-6, atol=1e-6)
+            assert got[f"rs_{k}"].shape == want.shape and got[f"rs_{k}"].dtype == want.dtype
+            np.testing.assert_allclose(got[f"rs_{k}"], want, **tol)
+            if k == "i32":
+                np.testing.assert_array_equal(got[f"rsm_{k}"], want // size)
+            else:
+                np.testing.assert_allclose(got[f"rsm_{k}"], want / size, **tol)
     # rank 0 unlinks the segment's name once everyone attached: nothing left behind.
     assert _segments(procs) == set()
 

@@ -2,7 +2,7 @@
 
     python tests/workers/equality_matrix.py STRATEGY OUT_DIR [--devices N]
         [--microbatches M] [--tensor-parallel T] [--models dense,attention]
-        [--variants CELL,...] [--steps S] [--shard-optimizer-state]
+        [--variants CELL,...] [--steps S] [--shard-optimizer-state | --shard LEVEL]
         [--gather-chunk-elements E]
 
 A cell is (model, optimizer): a dense MLP; a small Transformer-style model
@@ -157,6 +157,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--bucket-mb", type=float, default=None)
     parser.add_argument("--shard-optimizer-state", action="store_true")
+    parser.add_argument("--shard", default=None, help="none, optimizer or gradients")
     parser.add_argument("--gather-chunk-elements", type=int, default=0,
                         help="multi_worker sharding: all_gather pieces this small (0: as is)")
     args = parser.parse_args(argv)
@@ -171,7 +172,8 @@ def main(argv=None):
                         microbatches=args.microbatches, schedule=args.schedule,
                         tensor_parallel=args.tensor_parallel,
                         **({} if args.bucket_mb is None else {"bucket_mb": args.bucket_mb}),
-                        **({"shard_optimizer_state": True} if args.shard_optimizer_state else {}))
+                        **({"shard_optimizer_state": True} if args.shard_optimizer_state else {}),
+                        **({"shard": args.shard} if args.shard else {}))
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
@@ -238,7 +240,8 @@ def save_state_bytes(model, path):
                                      if is_shard_slot(v)),
                    "weight_bytes": sum(sizes), "largest": max(sizes),
                    # whether the gradients were summed onto their owners (tfdist.zero.scatter)
-                   "scattered": bool(getattr(optimizer, "_tfdist_partial", False))}, f)
+                   "scattered": bool(getattr(optimizer, "_tfdist_partial", False)),
+                   "level": getattr(optimizer, "_tfdist_shard_level", "none")}, f)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
     python shm_comm.py SCENARIO RANK SIZE PORT OUT_DIR
 
 Scenarios:
-    collectives: allreduce (sum and mean) of mixed arrays and a broadcast
+    collectives: allreduce (sum and mean) of mixed arrays, a broadcast and
+        reduce_scatters (sum and mean)
         from the last rank; writes OUT_DIR/rank{R}.npz with inputs and outputs.
     die: rank 1 exits right after the rendezvous; the others wait in a
         barrier and print the error they get.
@@ -132,10 +133,19 @@ def main():
             total = comm.allreduce([x[k] for k in names])
             mean = comm.allreduce([x[k] for k in names], average=True)
             bcast = comm.broadcast([x[k] for k in names], root=size - 1)
+            # reduce_scatter: rows of several blocks (4 KiB chunks), float32 and int32.
+            rows = {k: x[k].reshape(-1)[:size * (x[k].size // size)].reshape(size, -1)
+                    for k in ("f32_big", "i32", "f16")}
+            for k, v in rows.items():
+                result_rs = comm.reduce_scatter(v)
+                result_rsm = comm.reduce_scatter(v, average=True)
+                x[f"rs_{k}"], x[f"rsm_{k}"] = result_rs, result_rsm
             unchanged = all(np.array_equal(before[k], x[k]) for k in names)
             result = {"unchanged": np.array(unchanged)}
             for k, t, m, b in zip(names, total, mean, bcast):
                 result[f"sum_{k}"], result[f"mean_{k}"], result[f"bcast_{k}"] = t, m, b
+            for k in rows:
+                result[f"rs_{k}"], result[f"rsm_{k}"] = x[f"rs_{k}"], x[f"rsm_{k}"]
             np.savez(os.path.join(out, f"rank{rank}.npz"), **result)
         elif scenario == "barrier":
             comm.barrier()

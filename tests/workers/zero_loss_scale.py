@@ -10,8 +10,8 @@ and only its). Under `--shard-optimizer-state` on 2 workers the weights are
 owned by size, `a`'s by worker 0 and `b`'s by worker 1
 (`tfdist.zero.partition.owners`), so worker 0 reads no overflowing row and
 owns no overflowing weight: the skip has to reach it from worker 1. The job trains the
-same model twice from the same start, unsharded and then sharded (the hooks'
-`shard_optimizer_state`), 3 steps of Adam at global batch 8; writes
+same model three times from the same start, unsharded, then at `--shard optimizer`
+and at `--shard gradients` (the hooks' `shard`), 3 steps of Adam at global batch 8; writes
 OUT_DIR/worker{R}.npz: each run's weights, loss scale, inner iterations and this
 worker's bytes of sharded slots.
 """
@@ -46,8 +46,8 @@ def main():
     x, y = _data()
     examples = tf.data.Dataset.from_tensor_slices(((x[:, :2], x[:, 2:]), (y[:, :3], y[:, 3:])))
     result = {}
-    for sharded in (False, True):
-        dist.hooks.shard_optimizer_state = sharded
+    for key, level in (("whole", "none"), ("sharded", "optimizer"), ("gradients", "gradients")):
+        dist.hooks.shard = level
         with dist.scope():
             keras.utils.set_random_seed(0)
             xa, xb = keras.Input((2,), name="xa"), keras.Input((2,), name="xb")
@@ -59,7 +59,6 @@ def main():
                   callbacks=dist.callbacks())
         lso = model.optimizer
         inner = lso.inner_optimizer
-        key = "sharded" if sharded else "whole"
         result[f"{key}_scale"] = float(lso.dynamic_scale.numpy())
         result[f"{key}_iterations"] = int(inner.iterations.numpy())
         result[f"{key}_slot_bytes"] = sum(variable_bytes(v) for v in inner.variables

@@ -93,31 +93,50 @@ def test_the_option_is_refused_elsewhere_with_one_line(strategy):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("strategy", ["shm", "horovod"])
+@pytest.mark.parametrize("level", ["optimizer", "gradients"])
+@pytest.mark.parametrize("strategy", ["shm", "horovod", "multi_worker"])
 @pytest.mark.parametrize("optimizer", ["lamb", "adafactor", "muon"])
-def test_optimizers_that_read_a_whole_weight_are_refused(optimizer, strategy):
-    cfg = config.merge({}, ["--strategy", strategy, "--shard-optimizer-state", "--optimizer",
+def test_optimizers_that_read_a_whole_weight_are_taken_as_owners_hold_whole_ones(
+        optimizer, strategy, level):
+    cfg = config.merge({}, ["--strategy", strategy, "--shard", level, "--optimizer",
                             optimizer], "recipe r")
-    with pytest.raises(ConfigError, match=f"does not apply to {optimizer}") as e:
+    strategies.REGISTRY[strategy].check_config(cfg.typed, _info())
+    assert partition.level(cfg.typed.adapter) == level
+
+
+@pytest.mark.parametrize("strategy", ["shm", "horovod", "multi_worker"])
+def test_gradient_compression_is_refused_at_shard_gradients_with_one_line(strategy):
+    cfg = config.merge({}, ["--strategy", strategy, "--shard", "gradients",
+                            "--grad-compression", "bf16"], "recipe r")
+    with pytest.raises(ConfigError, match="--shard gradients reduce-scatters") as e:
         strategies.REGISTRY[strategy].check_config(cfg.typed, _info())
-    assert "\n" not in str(e.value)
-    # Without the option the same optimizer is fine.
-    plain = config.merge({}, ["--strategy", "shm", "--optimizer", optimizer], "recipe r")
-    strategies.REGISTRY["shm"].check_config(plain.typed, _info())
+    assert "Received: --grad-compression bf16" in str(e.value) and "\n" not in str(e.value)
+    ok = config.merge({}, ["--strategy", strategy, "--shard", "optimizer",
+                           "--grad-compression", "bf16"], "recipe r")
+    strategies.REGISTRY[strategy].check_config(ok.typed, _info())
 
 
-def test_every_whole_weight_optimizer_is_refused_by_either_name():
-    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS
+@pytest.mark.parametrize("argv, level", [
+    ([], "none"), (["--shard-optimizer-state"], "optimizer"), (["--shard", "optimizer"],
+                                                              "optimizer"),
+    (["--shard", "gradients"], "gradients"),
+    (["--shard", "gradients", "--shard-optimizer-state"], "gradients"),  # includes it
+])
+def test_the_level_is_shard_or_the_spelled_out_optimizer_level(argv, level):
+    cfg = config.merge({}, ["--strategy", "shm", *argv], "recipe r")
+    assert partition.level(cfg.typed.adapter) == level
+    assert level in partition.LEVELS
 
-    for name in WHOLE_WEIGHT_OPTIMIZERS:  # one list, read by tensor parallel too
-        for spelled in (name, name.lower()):
-            with pytest.raises(ConfigError, match=f"does not apply to {spelled}"):
-                partition.check_optimizer(spelled)
-    partition.check_optimizer("adam")
+
+def test_an_unknown_level_is_refused():
+    with pytest.raises(ConfigError, match="parameterz"):
+        config.merge({}, ["--strategy", "shm", "--shard", "parameterz"], "recipe r")
 
 
 def test_setup_takes_the_keyword():
     cfg = config.for_script("shm", {"shard_optimizer_state": True})
     assert cfg.typed.adapter.shard_optimizer_state is True
+    cfg = config.for_script("multi_worker", {"shard": "gradients"})
+    assert partition.level(cfg.typed.adapter) == "gradients"
     with pytest.raises(ConfigError):
         config.for_script("shm", {"shard_optimizer_state": "maybe"})

@@ -1,13 +1,15 @@
-"""`python -m tfdist.bench zero`: what `--shard-optimizer-state` saves and what it costs (#41).
+"""`python -m tfdist.bench zero`: what each `--shard` level saves and what it costs (#41, #51).
 
 For each strategy, side by side in one run and alternated `--repeats` times:
-N workers training the same model with and without `--shard-optimizer-state`.
-Per worker: the peak resident memory up to the end of the last training step
-(VmHWM, `tfdist.bench.memory`), and the run's median steady step. The
-saving is compared with what sharding removes from each worker: the
-optimizer state of the variables it does not own (`tfdist.zero.partition`),
-about (N-1)/N of it; the issue's goal is at least 0.8 of that, with the step
-within 10% of the unsharded one.
+N workers training the same model at each level of `--levels` (none,
+optimizer, gradients). Per worker: the peak resident memory up to the end of
+the last training step (VmHWM, `tfdist.bench.memory`), and the run's median
+steady step. Each level's saving is compared with what it removes from the
+most loaded worker (`tfdist.zero.partition`): at "optimizer" the optimizer
+state of the variables it does not own, at "gradients" that and one copy of
+their gradients (the reduced gradients it no longer receives). #41's goal:
+at least 0.8 of that, the step within 10% of the unsharded one; #51's:
+"gradients" within 1.05x of "optimizer".
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import statistics
 from tfdist.bench import memory, runs
 from tfdist.bench.pipeline_processes import COMMON, _run
 
-DESCRIPTION = ("optimizer state sharded across workers (ZeRO-1): per-worker peak memory and "
-               "step time, with and without --shard-optimizer-state")
+DESCRIPTION = ("state sharded across workers (ZeRO-1, ZeRO-2): per-worker peak memory and "
+               "step time at each --shard level")
 # 4 Dense 4096x4096 (and the 64-input first layer): 0.27 GB of weights, 0.54 GB of Adam state.
 MODEL = ("model_parallel_mlp --hidden-layers 5 --hidden-units 4096 --optimizer adam "
          "--global-batch-size 64")
@@ -27,6 +29,8 @@ STRATEGIES = ("multi_worker", "shm", "horovod")
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1, "nadam": 2, "adamax": 2}
 TARGET_SAVED = 0.8  # #41: at least 0.8 x the state a worker no longer holds
 TARGET_STEP = 1.10  # #41: within 10% of the unsharded step
+TARGET_GRADIENTS_STEP = 1.05  # #51: "gradients" within 5% of "optimizer"
+LEVELS = ("none", "optimizer", "gradients")
 MIB = memory.MB
 
 
@@ -40,6 +44,8 @@ def add_arguments(parser) -> None:
                         help="the Horovod venv (default: $TFDIST_HOROVOD_VENV or "
                              "~/.cache/tfdist/horovod-venv)")
     parser.add_argument("--model", default=MODEL, help="RECIPE [--key value ...]")
+    parser.add_argument("--levels", default=",".join(LEVELS),
+                        help="comma-separated --shard levels, none first (the baseline)")
     parser.add_argument("--steps", type=int, default=8, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
@@ -48,20 +54,29 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=500.0)
 
 
-def expected_saving(state_bytes: list[int], n: int) -> int:
-    """Pure function: the optimizer-state bytes the most loaded worker no longer holds.
+def expected_saving(state_bytes: list[int], n: int, grad_bytes: list[int] | None = None) -> int:
+    """Pure function: the bytes the most loaded worker no longer holds.
 
     Args:
         state_bytes: Each trainable variable's optimizer-state bytes, in order.
         n: Workers.
+        grad_bytes: Each variable's gradient bytes (at "gradients": the reduced
+            gradients of the variables a worker does not own), or None.
     """
-    from tfdist.zero.partition import owned_bytes
+    from tfdist.zero.partition import owned_bytes, owners
 
-    return sum(state_bytes) - max(owned_bytes(state_bytes, n))
+    if grad_bytes is None:
+        return sum(state_bytes) - max(owned_bytes(state_bytes, n))
+    # Owners are chosen by weight size; each worker keeps its owned state and gradients.
+    owner = owners(grad_bytes, n)
+    kept = [sum(s + g for s, g, o in zip(state_bytes, grad_bytes, owner) if o == r)
+            for r in range(n)]
+    return sum(state_bytes) + sum(grad_bytes) - max(kept)
 
 
-def _state_bytes(model_text: str) -> list[int]:
-    """Each trainable variable's optimizer-state bytes (slots per weight x its bytes)."""
+def _state_bytes(model_text: str) -> tuple[list[int], list[int]]:
+    """Each trainable variable's optimizer-state bytes (slots per weight x its bytes), and
+    its bytes."""
     from tfdist import config, recipe as recipe_lib
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
@@ -73,101 +88,124 @@ def _state_bytes(model_text: str) -> list[int]:
     model = recipe_lib.build_model(module, cfg)
     from tfdist.zero.optimizer import variable_bytes
 
-    return [per * variable_bytes(v) for v in model.trainable_variables]
+    sizes = [variable_bytes(v) for v in model.trainable_variables]
+    return [per * b for b in sizes], sizes
+
+
+def _levels(text: str) -> list[str]:
+    levels = [v for v in text.split(",") if v]
+    if not levels or levels[0] != "none" or len(set(levels)) != len(levels) or any(
+            v not in LEVELS for v in levels):
+        raise SystemExit(f"error: --levels takes none first, then any of optimizer, "
+                         f"gradients, each once. Received: {text!r}.")
+    return levels
 
 
 def run(args) -> dict:
-    """Runs every (strategy, sharded) pair `--repeats` times; returns per-worker figures."""
+    """Runs every (strategy, level) pair `--repeats` times; returns per-worker figures."""
     strategies = [s for s in args.strategies.split(",") if s]
     if not strategies or any(s not in STRATEGIES for s in strategies):
         raise SystemExit(f"error: --strategies takes {', '.join(STRATEGIES)}. Received: "
                          f"{args.strategies!r}.")
     if args.workers < 2:
         raise SystemExit(f"error: zero needs -n >= 2. Received: -n {args.workers}.")
+    levels = _levels(getattr(args, "levels", ",".join(LEVELS)))
     venv = None
     if "horovod" in strategies:
         venv = runs.horovod_venv(getattr(args, "venv", None))
         if venv is None:
             raise SystemExit("error: --strategies horovod needs the Horovod venv. HINT: run "
                              "scripts/install_horovod.sh, or pass --venv.")
-    state = _state_bytes(args.model)
-    saving = expected_saving(state, args.workers)
+    state, weights = _state_bytes(args.model)
+    expected = {"optimizer": expected_saving(state, args.workers),
+                "gradients": expected_saving(state, args.workers, weights)}
     base = [*shlex.split(args.model), *COMMON, "--steps-per-epoch", str(args.steps),
             "--threads", str(args.threads), "--save-every-steps", "0"]
-    tries = {(s, sharded): [] for s in strategies for sharded in (False, True)}
+    tries = {(s, level): [] for s in strategies for level in levels}
     for _ in range(max(1, args.repeats)):
         for strategy in strategies:
-            for sharded in (False, True):
+            for level in levels:
                 argv = [*base, "--strategy", strategy,
-                        *(["--shard-optimizer-state"] if sharded else [])]
-                tries[(strategy, sharded)].append(_run(
+                        *(["--shard", level] if level != "none" else [])]
+                tries[(strategy, level)].append(_run(
                     argv, args.workers, args.timeout, args.interval_s, warmup=args.warmup,
                     horovod_venv=venv if strategy == "horovod" else None))
     rows = []
     for strategy in strategies:
-        plain, sharded = tries[(strategy, False)], tries[(strategy, True)]
-        peaks = [[max(r["processes"][w]["train_peak_bytes"] for r in runs_)
-                  for w in range(args.workers)] for runs_ in (plain, sharded)]
-        steps = [statistics.median(r["median_step_s"] for r in runs_)
-                 for runs_ in (plain, sharded)]
-        saved = [p - s for p, s in zip(*peaks)]
-        rows.append({"strategy": strategy, "peak_bytes": peaks[0], "sharded_peak_bytes": peaks[1],
-                     "saved_bytes": saved, "saved_over_expected": min(saved) / saving,
-                     "step_s": steps[0], "sharded_step_s": steps[1],
-                     "step_ratio": steps[1] / steps[0],
-                     "loads": [r["load_avg_1m"] for r in plain + sharded],
-                     "final_loss": [plain[-1]["final_loss"], sharded[-1]["final_loss"]]})
-    return {"model": args.model, "workers": args.workers, "state_bytes": sum(state),
-            "expected_saving_bytes": saving, "steps": args.steps, "warmup": args.warmup,
+        peaks = {level: [max(r["processes"][w]["train_peak_bytes"] for r in tries[(strategy,
+                                                                                   level)])
+                         for w in range(args.workers)] for level in levels}
+        steps = {level: statistics.median(r["median_step_s"] for r in tries[(strategy, level)])
+                 for level in levels}
+        saved = {level: [p - s for p, s in zip(peaks["none"], peaks[level])]
+                 for level in levels[1:]}
+        rows.append({
+            "strategy": strategy, "peak_bytes": peaks, "step_s": steps,
+            "saved_over_expected": {v: min(saved[v]) / expected[v] for v in levels[1:]},
+            "step_ratio": {v: steps[v] / steps["none"] for v in levels[1:]},
+            "loads": [r["load_avg_1m"] for v in levels for r in tries[(strategy, v)]],
+            "final_loss": {v: tries[(strategy, v)][-1]["final_loss"] for v in levels}})
+    return {"model": args.model, "workers": args.workers, "levels": levels,
+            "state_bytes": sum(state), "weight_bytes": sum(weights),
+            "expected_saving_bytes": {v: expected[v] for v in levels[1:]},
+            "steps": args.steps, "warmup": args.warmup,
             "repeats": args.repeats, "threads": args.threads, "rows": rows,
-            "goals": {"saved_over_expected": TARGET_SAVED, "step_ratio": TARGET_STEP},
+            "goals": {"saved_over_expected": TARGET_SAVED, "step_ratio": TARGET_STEP,
+                      "gradients_over_optimizer_step": TARGET_GRADIENTS_STEP},
             "note": "peak = VmHWM up to the last training step; saved = unsharded - sharded "
-                    "peak per worker; expected = the optimizer state a worker does not own; "
-                    "step = median steady step, median over repeats"}
+                    "peak per worker, the least over workers; expected = what the most loaded "
+                    "worker no longer holds (optimizer: state; gradients: state and one copy "
+                    "of the gradients); step = median steady step, median over repeats, its "
+                    "ratio to none"}
 
 
 def table(result: dict) -> str:
     """The readable summary."""
+    levels = result["levels"]
     lines = [f"{result['model']}, {result['workers']} workers: optimizer state "
-             f"{result['state_bytes'] / MIB:.0f} MiB, of which a worker does not own "
-             f"{result['expected_saving_bytes'] / MIB:.0f} MiB",
-             f"{'strategy':<14}{'peak MiB (each worker)':<34}{'sharded':<34}"
-             f"{'saved/expected':>15}{'step s':>9}{'sharded':>9}{'ratio':>7}"]
+             f"{result['state_bytes'] / MIB:.0f} MiB, weights {result['weight_bytes'] / MIB:.0f}"
+             " MiB; the most loaded worker no longer holds " + ", ".join(
+                 f"{b / MIB:.0f} MiB at {v}" for v, b in result["expected_saving_bytes"].items()),
+             f"{'strategy':<14}{'level':<11}{'peak MiB (each worker)':<30}"
+             f"{'saved/expected':>15}{'step s':>9}{'ratio':>7}"]
     for row in result["rows"]:
-        peak = ",".join(f"{b / MIB:.0f}" for b in row["peak_bytes"])
-        sharded = ",".join(f"{b / MIB:.0f}" for b in row["sharded_peak_bytes"])
-        lines.append(f"{row['strategy']:<14}{peak:<34}{sharded:<34}"
-                     f"{row['saved_over_expected']:>15.2f}{row['step_s']:>9.3f}"
-                     f"{row['sharded_step_s']:>9.3f}{row['step_ratio']:>7.2f}")
+        for level in levels:
+            peak = ",".join(f"{b / MIB:.0f}" for b in row["peak_bytes"][level])
+            saved = row["saved_over_expected"].get(level)
+            ratio = row["step_ratio"].get(level, 1.0)
+            lines.append(f"{row['strategy']:<14}{level:<11}{peak:<30}"
+                         f"{'' if saved is None else f'{saved:.2f}':>15}"
+                         f"{row['step_s'][level]:>9.3f}{ratio:>7.2f}")
     goals = result["goals"]
     lines.append(f"goals: saved/expected >= {goals['saved_over_expected']}, step ratio <= "
-                 f"{goals['step_ratio']}")
+                 f"{goals['step_ratio']}; gradients' step <= "
+                 f"{goals['gradients_over_optimizer_step']} x optimizer's")
     return "\n".join(lines)
 
 
+COLORS = {"none": "tab:gray", "optimizer": "tab:blue", "gradients": "tab:green"}
+
+
 def plot(result: dict, fig) -> None:
-    """Per-worker peaks with and without sharding, and the step times, per strategy."""
-    rows = result["rows"]
+    """Per-worker peaks and the step times at each level, per strategy."""
+    rows, levels = result["rows"], result["levels"]
     mem, step = fig.subplots(1, 2)
-    width = 0.4
+    width = 0.8 / len(levels)
     for i, row in enumerate(rows):
         xs = [i * (result["workers"] + 1) + w for w in range(result["workers"])]
-        mem.bar([x - width / 2 for x in xs], [b / MIB for b in row["peak_bytes"]], width,
-                color="tab:gray", label="unsharded" if i == 0 else None)
-        mem.bar([x + width / 2 for x in xs], [b / MIB for b in row["sharded_peak_bytes"]],
-                width, color="tab:blue", label="sharded" if i == 0 else None)
+        for j, level in enumerate(levels):
+            mem.bar([x + (j - (len(levels) - 1) / 2) * width for x in xs],
+                    [b / MIB for b in row["peak_bytes"][level]], width,
+                    color=COLORS[level], label=level if i == 0 else None)
         mem.text(xs[0], 0, row["strategy"], va="bottom")
     mem.set_ylabel("peak RSS per worker (MiB)")
     mem.set_xlabel("worker, per strategy")
     mem.legend()
-    names = [r["strategy"] for r in rows]
     xs = range(len(rows))
-    step.bar([x - width / 2 for x in xs], [r["step_s"] for r in rows], width,
-             color="tab:gray", label="unsharded")
-    step.bar([x + width / 2 for x in xs], [r["sharded_step_s"] for r in rows], width,
-             color="tab:blue", label="sharded")
-    step.set_xticks(list(xs), names)
+    for j, level in enumerate(levels):
+        step.bar([x + (j - (len(levels) - 1) / 2) * width for x in xs],
+                 [r["step_s"][level] for r in rows], width, color=COLORS[level], label=level)
+    step.set_xticks(list(xs), [r["strategy"] for r in rows])
     step.set_ylabel("median step (s)")
     step.legend()
-    fig.suptitle(f"--shard-optimizer-state, {result['workers']} workers: {result['model']}",
-                 fontsize=8)
+    fig.suptitle(f"--shard, {result['workers']} workers: {result['model']}", fontsize=8)

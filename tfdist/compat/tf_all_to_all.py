@@ -62,3 +62,13 @@ def all_to_all(x):
 def all_reduce_sum(x):
     """The sum of `x` over the workers, in replica or cross-replica context."""
     return _launcher().all_reduce(x)
+
+
+def all_reduce_indexed_slices(slices):
+    """IndexedSlices summed over the workers (their slices gathered), in either context."""
+    return _launcher().all_reduce_indexed_slices(slices)
+
+
+def group_size() -> int:
+    """Workers in the strategy's collective group."""
+    return _launcher()._group_size

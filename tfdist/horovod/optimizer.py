@@ -68,16 +68,23 @@ class _GradientAllreduce:
         return out
 
     def _sparse(self, hvd, g, name):
-        # What hvd.allreduce does for IndexedSlices (allgather values and
-        # indices), but with explicit names: its own are taken from the
-        # tensors' graph names, which contain per-process layer names.
-        import tensorflow as tf
+        return sparse_allreduce(hvd, g, name, average=self.op == "average")
 
-        values = hvd.allgather(g.values, name=f"{name}_values", ignore_name_scope=True)
-        indices = hvd.allgather(g.indices, name=f"{name}_indices", ignore_name_scope=True)
-        if self.op == "average":
-            values = values / tf.cast(hvd.size(), values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
+
+def sparse_allreduce(hvd, g, name: str, average: bool):
+    """IndexedSlices summed (or averaged) over the ranks: their values and indices gathered.
+
+    What hvd.allreduce does for IndexedSlices, but with explicit names: its own
+    are taken from the tensors' graph names, which contain per-process layer
+    names.
+    """
+    import tensorflow as tf
+
+    values = hvd.allgather(g.values, name=f"{name}_values", ignore_name_scope=True)
+    indices = hvd.allgather(g.indices, name=f"{name}_indices", ignore_name_scope=True)
+    if average:
+        values = values / tf.cast(hvd.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=g.dense_shape)
 
 
 def _spec(base: type, op: str, compression: str, sparse_as_dense: bool,

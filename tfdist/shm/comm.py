@@ -76,9 +76,10 @@ _ALIGN = 64
 _LINE = 256
 _RECORD = struct.Struct("<qqqqqq16s")  # call, op, root, count, tensors, shapes hash, dtype
 _SLOTS = (8, 8 + _RECORD.size)
-BARRIER, SUM, MEAN, BROADCAST = range(4)
+BARRIER, SUM, MEAN, BROADCAST, SCATTER_SUM, SCATTER_MEAN = range(6)
 _OP_NAMES = {BARRIER: "barrier", SUM: "allreduce(sum)", MEAN: "allreduce(mean)",
-             BROADCAST: "broadcast"}
+             BROADCAST: "broadcast", SCATTER_SUM: "reduce_scatter(sum)",
+             SCATTER_MEAN: "reduce_scatter(mean)"}
 _MAGIC = b"TFDSHM1"
 # Poll a peer's semaphore this many times (~0.2-0.5 us each) before sleeping on it:
 # a peer that is about to arrive costs no system call and no wake-up latency.
@@ -530,6 +531,62 @@ class Communicator:
                         out[lo:hi] = reduced
         # result[] is rewritten by the next block's step 2 only after every
         # rank passed that block's first barrier, i.e. finished this step 3.
+
+    def reduce_scatter(self, x, out=None, average: bool = False):
+        """Row r of `x` summed (or averaged) over ranks, for this rank r only.
+
+        Each rank writes the (n-1)/n of `x` that its peers own into their
+        mailboxes and sums its own row: half an all-reduce's traffic, and no
+        rank ever holds another's sum (`--shard gradients`, `tfdist.zero`).
+
+        Args:
+            x: A numpy array of shape [n, width], the same shape and dtype on
+                every rank; row q is this rank's part of rank q's sum.
+            out: Optional writable C-contiguous array of shape [width] (not
+                overlapping `x`) to write this rank's row into.
+            average: Divide by the number of ranks (floor division for integers).
+
+        Returns:
+            This rank's reduced row (`out` when given).
+        """
+        x = _contiguous(x)
+        n, r = self.size, self.rank
+        if x.ndim != 2 or x.shape[0] != n:
+            raise ValueError(f"reduce_scatter needs an array of shape [{n}, width] (one row "
+                             f"per rank). Received: shape {x.shape}.")
+        out = np.empty(x.shape[1:], x.dtype) if out is None else out
+        if n == 1:
+            np.copyto(out, x[0])
+            return out
+        dt, width = x.dtype, x.shape[1]
+        self._begin(SCATTER_MEAN if average else SCATTER_SUM, 0, dt, [x.shape], x.size)
+        wide = accumulator_dtype(dt)
+        scale = np.asarray(1.0 / n, dtype=wide or dt) if is_floating(dt) else None
+        mail, step = self._mail, max(1, self.chunk_bytes // dt.itemsize)
+        for lo in range(0, max(1, width), step):
+            hi = min(width, lo + step)
+            k = hi - lo
+            for q in range(n):  # 1. my part of every peer's row, into its mailbox
+                if q != r and k:
+                    mail[q, r, :k * dt.itemsize].view(dt)[:] = x[q, lo:hi]
+                    self.bytes_sent += k * dt.itemsize
+            self._sync()
+            if k:  # 2. my row: mine + every peer's part (fp16 summed in float32)
+                total = x[r, lo:hi].astype(wide) if wide is not None else out[lo:hi]
+                if wide is None:
+                    np.copyto(total, x[r, lo:hi])
+                for q in range(n):
+                    if q != r:
+                        np.add(total, mail[r, q, :k * dt.itemsize].view(dt), out=total)
+                if average:
+                    if scale is not None:
+                        np.multiply(total, scale, out=total)
+                    else:
+                        np.floor_divide(total, n, out=total)
+                if wide is not None:
+                    out[lo:hi] = total
+            self._sync()  # the mailboxes are rewritten by the next block only after this
+        return out
 
     def broadcast(self, arrays, root: int = 0, out=None):
         """Every rank gets `root`'s arrays (same shapes and dtypes everywhere).

@@ -108,6 +108,30 @@ def _reduce(comm, tensors, average: bool, after=()):
     return list(outs)
 
 
+def reduce_scatter(rows, average: bool = True, after=()):
+    """Row r of `rows` ([ranks, width], static shape) reduced over the ranks, on rank r.
+
+    One numpy_function (`Communicator.reduce_scatter`) writing into a buffer
+    TensorFlow allocated, run after the ops in `after`, so every rank issues
+    its reduce-scatters in one order (`tfdist.zero.scatter`).
+    """
+    import tensorflow as tf
+
+    comm = runtime.communicator()
+    width = rows.shape[1]
+    buffer = tf.raw_ops.Empty(shape=[width], dtype=rows.dtype)
+
+    def scatter(x, out):
+        target = out if out.flags.writeable and out.flags.c_contiguous else None
+        return comm.reduce_scatter(x, out=target, average=average)
+
+    with tf.control_dependencies(list(after)):
+        out = tf.numpy_function(scatter, [rows, buffer], rows.dtype, stateful=True,
+                                name="tfdist_shm_reduce_scatter")
+    out.set_shape([width])
+    return out
+
+
 def all_true(flag):
     """True on every rank when the scalar boolean `flag` is True on all of them."""
     import tensorflow as tf

@@ -40,6 +40,10 @@ class Hooks:
             self._collectives = self._make_collectives(strategy)
         return self._collectives
 
+    def _scatter_engine(self):  # pragma: no cover - interface
+        """The engine's hashable collectives for `tfdist.zero.scatter.owned_sums`."""
+        raise NotImplementedError
+
     def _make_collectives(self, strategy):
         """The strategy's own processes' collectives (MultiWorkerMirrored's, or one process)."""
         from tfdist import collectives
@@ -100,10 +104,10 @@ class ProcessReplicaHooks(Hooks):
     """
 
     def __init__(self, cluster, grad_compression: str = "none",
-                 shard_optimizer_state: bool = False):
+                 shard: str = "none"):
         self.cluster = cluster
         self.grad_compression = grad_compression
-        self.shard_optimizer_state = shard_optimizer_state
+        self.shard = shard
 
     def num_replicas(self, strategy) -> int:
         return self.cluster.num_workers
@@ -116,11 +120,13 @@ class ProcessReplicaHooks(Hooks):
 
         distributed = allreduce_optimizer.with_compression(self._distributed(optimizer),
                                                            self.grad_compression)
-        if self.shard_optimizer_state:
+        if self.shard != "none":
             from tfdist.zero.optimizer import shard
 
             distributed = shard(distributed, self._owner_gather(), self.cluster.worker_index,
-                                self.cluster.num_workers)
+                                self.cluster.num_workers, level=self.shard,
+                                engine=self._scatter_engine() if self.shard == "gradients"
+                                else None)
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
     def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
@@ -148,6 +154,10 @@ class ProcessReplicaHooks(Hooks):
 
     def _owner_gather(self):  # pragma: no cover - interface
         """The engine's hashable `gather(variables, owners, rank)` (`tfdist.zero.optimizer`)."""
+        raise NotImplementedError
+
+    def _scatter_engine(self):  # pragma: no cover - interface
+        """The engine's hashable collectives for `tfdist.zero.scatter.owned_sums`."""
         raise NotImplementedError
 
     def _make_collectives(self, strategy):

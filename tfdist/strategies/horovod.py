@@ -68,6 +68,11 @@ class HorovodHooks(ProcessReplicaHooks):
 
         return OwnerGather()
 
+    def _scatter_engine(self):
+        from tfdist.horovod.scatter import HorovodScatter
+
+        return HorovodScatter()
+
     def _engine_collectives(self):
         from tfdist.horovod.collectives import HorovodCollectives
 
@@ -80,7 +85,7 @@ class Horovod(Adapter):
 
     name = "horovod"
     portable = True
-    accepts = ("grad_compression", "shard_optimizer_state")
+    accepts = ("grad_compression", "shard", "shard_optimizer_state")
     process_replicas = True
     sync_workers = True
 
@@ -99,5 +104,7 @@ class Horovod(Adapter):
         return build(self.cluster, self.options)
 
     def hooks(self) -> Hooks:
+        from tfdist.zero import partition
+
         return HorovodHooks(self.cluster, self.options.grad_compression,
-                            self.options.shard_optimizer_state)
+                            partition.level(self.options))

@@ -195,34 +195,36 @@ def build(cluster, options):
 
 
 class MultiWorkerHooks(Hooks):
-    """The trainer's hooks under MultiWorkerMirroredStrategy: with `shard_optimizer_state`,
-    the optimizer keeps the state of this worker's variables only (`tfdist.zero.mwms`),
-    each worker receives the summed gradients of those (`tfdist.zero.scatter`), and a
-    mixed-precision skip is agreed by every worker (their finite checks see different
-    parts)."""
+    """The trainer's hooks under MultiWorkerMirroredStrategy: with `shard` "optimizer", the
+    optimizer keeps the state of this worker's variables only (`tfdist.zero.mwms`) and
+    each worker receives the summed gradients of those (`tfdist.zero.scatter`); with
+    "gradients", it keeps only those sums and accumulators too (`tfdist.zero.gradients`);
+    either way a mixed-precision skip is agreed by every worker (their finite checks see
+    different parts)."""
 
-    def __init__(self, cluster, shard_optimizer_state: bool = False):
+    def __init__(self, cluster, shard: str = "none"):
         self.cluster = cluster
-        self.shard_optimizer_state = shard_optimizer_state
+        self.shard = shard
 
     def wrap_optimizer(self, optimizer):
-        if not self.shard_optimizer_state:
+        if self.shard == "none":
             return optimizer
         import tensorflow as tf
 
         from tfdist import allreduce_optimizer
         from tfdist.zero.mwms import ReplicaGather
         from tfdist.zero.optimizer import shard
-        from tfdist.zero.scatter import ReplicaScatter
+        from tfdist.zero.scatter import LauncherScatter, ReplicaScatter
 
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         if replicas != self.cluster.num_workers:
             raise ConfigError(
-                f"--shard-optimizer-state under multi_worker splits the state by worker and "
+                f"--shard {self.shard} under multi_worker splits the state by worker and "
                 f"needs one replica per worker. Received: {replicas} replicas on "
                 f"{self.cluster.num_workers} workers. Run one device per worker.")
         sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
-                        self.cluster.num_workers, ReplicaScatter())
+                        self.cluster.num_workers, ReplicaScatter(), level=self.shard,
+                        engine=LauncherScatter() if self.shard == "gradients" else None)
         return allreduce_optimizer.loss_scale_if_float16(sharded, _all_true)
 
 
@@ -243,7 +245,7 @@ class MultiWorker(Adapter):
     name = "multi_worker"
     portable = True
     accepts = ("collective", "collective_timeout_s", "startup_timeout_s", "grad_compression",
-               "bucket_mb", "shard_optimizer_state")
+               "bucket_mb", "shard", "shard_optimizer_state")
     sync_workers = True
 
     @classmethod
@@ -266,4 +268,6 @@ class MultiWorker(Adapter):
         return build(self.cluster, self.options)
 
     def hooks(self) -> Hooks:
-        return MultiWorkerHooks(self.cluster, self.options.shard_optimizer_state)
+        from tfdist.zero import partition
+
+        return MultiWorkerHooks(self.cluster, partition.level(self.options))

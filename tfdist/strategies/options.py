@@ -68,9 +68,11 @@ class StrategyOptions:
         ps_shards: parameter_server: split large variables into up to this many
             shards across the ps tasks (0 or 1: no partitioning).
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
-        shard_optimizer_state: Each worker keeps and updates the optimizer
-            state of its share of the variables only (ZeRO-1; multi_worker,
-            shm, horovod; `tfdist.zero`).
+        shard: What each data-parallel worker keeps only its share of:
+            "none", "optimizer" (the optimizer state, ZeRO-1) or "gradients"
+            (and the reduced gradients and accumulators, ZeRO-2); multi_worker,
+            shm, horovod (`tfdist.zero`).
+        shard_optimizer_state: The spelled-out `shard="optimizer"`.
     """
 
     devices: int = _declared(Option(
@@ -94,9 +96,13 @@ class StrategyOptions:
         "layer back, each started while the backward pass goes on (0: one all-reduce after "
         "the backward pass; -1: the engine's measured default, multi_worker 4, shm 0)",
         ge=-1, le=4096))
+    shard: str = _declared(Option(
+        "none", "what each worker keeps only its 1/N of: optimizer (the optimizer state, "
+        "ZeRO-1), gradients (and the reduced gradients and accumulators, ZeRO-2); each "
+        "level includes the one before (docs/zero.md)", choices=("none", "optimizer",
+                                                                 "gradients")))
     shard_optimizer_state: bool = _declared(Option(
-        False, "each worker keeps the optimizer state of its 1/N of the variables only "
-        "(ZeRO-1; docs/zero.md)"))
+        False, "the spelled-out --shard optimizer"))
     microbatches: int = _declared(Option(1, "micro-batches per batch (pipeline)", ge=1))
     schedule: str = _declared(Option(
         "gpipe", "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (at most "

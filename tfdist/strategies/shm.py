@@ -47,12 +47,12 @@ class ShmHooks(ProcessReplicaHooks):
         cluster: The discovered cluster.
         grad_compression: As `--grad-compression`.
         bucket_mb: As `--bucket-mb` (overlap buckets; 0: one all-reduce).
-        shard_optimizer_state: As `--shard-optimizer-state` (`tfdist.zero`).
+        shard: As `--shard` (`tfdist.zero`): "none", "optimizer" or "gradients".
     """
 
     def __init__(self, cluster, grad_compression: str = "none", bucket_mb: float = 0.0,
-                 shard_optimizer_state: bool = False):
-        super().__init__(cluster, grad_compression, shard_optimizer_state)
+                 shard: str = "none"):
+        super().__init__(cluster, grad_compression, shard)
         self.bucket_mb = bucket_mb
 
     def _distributed(self, optimizer):
@@ -64,6 +64,11 @@ class ShmHooks(ProcessReplicaHooks):
         from tfdist.shm.gather import OwnerGather
 
         return OwnerGather()
+
+    def _scatter_engine(self):
+        from tfdist.shm.scatter import ShmScatter
+
+        return ShmScatter()
 
     def _all_true(self, flag):
         from tfdist.shm.ops import all_true
@@ -85,7 +90,8 @@ class Shm(Adapter):
 
     name = "shm"
     portable = True
-    accepts = ("collective_timeout_s", "grad_compression", "bucket_mb", "shard_optimizer_state")
+    accepts = ("collective_timeout_s", "grad_compression", "bucket_mb", "shard",
+               "shard_optimizer_state")
     process_replicas = True
     sync_workers = True
 
@@ -111,7 +117,8 @@ class Shm(Adapter):
 
     def hooks(self) -> Hooks:
         from tfdist import buckets
+        from tfdist.zero import partition
 
         return ShmHooks(self.cluster, self.options.grad_compression,
                         buckets.resolve(self.options.bucket_mb, "shm"),
-                        self.options.shard_optimizer_state)
+                        partition.level(self.options))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 
 from tfdist.zero import partition
+from tfdist.zero import scatter as scatter_lib
 
 # What a slot variable of the sharded optimizer carries: the whole-size slots and
 # the zero-size ones alike are this worker's own, never broadcast or gathered.
@@ -61,20 +62,11 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
                 and (self.global_clipnorm or 0) > 0):
             return base._clip_gradients(self, grads)
         # Keras's clip_by_global_norm, its norm summed over the owners' parts (an unowned
-        # dense gradient here is local, and is not used: it is left as it is), after
-        # what the patched base does first (repeated sparse rows summed).
-        from keras import ops
+        # dense gradient here is local, and is not used: it is left as it is).
+        from tfdist.compat import tf_all_to_all
 
-        from tfdist.compat import keras_sparse_duplicates, tf_all_to_all
-        from tfdist.zero.scatter import partial_norm
-
-        if keras_sparse_duplicates.is_applied():
-            grads = [keras_sparse_duplicates.deduplicate(g) for g in grads]
-        owner_of = self._tfdist_applying
-        use_norm = ops.sqrt(tf_all_to_all.all_reduce_sum(partial_norm(grads, owner_of, rank)))
-        clip_norm = self.global_clipnorm
-        scale = clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm) + (use_norm - use_norm)
-        return [g * scale if g is not None and o == rank else g for g, o in zip(grads, owner_of)]
+        return scatter_lib.clip_by_global_norm(grads, self._tfdist_applying, rank, self.global_clipnorm,
+                                   tf_all_to_all.all_reduce_sum)
 
     def build(self, variables):
         owner_of = partition.owners([variable_bytes(v) for v in variables], size)
@@ -83,7 +75,7 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         owner = getattr(self, "_tfdist_owner", {}).get(self._var_key(reference_variable))
-        if owner is None or name == ACCUMULATOR:
+        if owner is None or name in self._tfdist_whole_slots:
             return base.add_variable_from_reference(self, reference_variable, name=name,
                                                     initializer=initializer)
         with _outside_strategy():  # this worker's own: see tfdist.zero.mwms
@@ -109,7 +101,8 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
             # The gather waits for every reduced gradient, used here or not: an engine
             # whose all-reduce ops are not stateful (Horovod's) would otherwise have the
             # unused ones pruned from this worker's graph, and their owners wait for ever.
-            gather(list(trainable_variables), owner_of, rank, after=keep(_tensors(grads)))
+            gather(list(trainable_variables), owner_of, rank,
+                   after=keep(scatter_lib.tensors_of(grads)))
         else:
             gather(list(trainable_variables), owner_of, rank)
 
@@ -135,16 +128,10 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         "_tfdist_sharded": True,
         "_tfdist_rank": rank,
         "_tfdist_size": size,
+        "_tfdist_gather": gather,
+        "_tfdist_whole_slots": (ACCUMULATOR,),  # local gradients: whole everywhere
+        "_tfdist_shard_level": "optimizer",
     })
-
-
-def _tensors(grads) -> list:
-    """The tensors of a gradient list (an IndexedSlices' values and indices)."""
-    out = []
-    for g in grads:
-        if g is not None:
-            out += [g.values, g.indices] if hasattr(g, "indices") else [g]
-    return out
 
 
 def _outside_strategy():
@@ -158,7 +145,8 @@ def _outside_strategy():
     return tf.variable_creator_scope(creator)
 
 
-def shard(distributed, gather, rank: int, size: int, scatter=None):
+def shard(distributed, gather, rank: int, size: int, scatter=None, level: str = "optimizer",
+          engine=None):
     """A copy of `distributed` that keeps the optimizer state of its worker's variables only.
 
     Args:
@@ -172,22 +160,32 @@ def shard(distributed, gather, rank: int, size: int, scatter=None):
         scatter: Hashable or None; `scatter(grads, owners, rank)` returns the
             gradients with each owned dense one summed over workers, in place
             of the all-reduce (`tfdist.zero.scatter`); None: all-reduced.
+        level: "optimizer" (ZeRO-1) or "gradients" (ZeRO-2: the gradients and
+            accumulators too, `tfdist.zero.gradients`; needs `engine`).
+        engine: Hashable; the engine's collectives for `scatter.owned_sums`
+            (level "gradients" only).
 
     Returns:
         A new optimizer of a subclass of `type(distributed)`, built from its
         config, with `distributed`'s own all-reduce (e.g. compressed) kept.
 
     Raises:
-        ConfigError: for an optimizer whose update reads a whole weight.
-        ValueError: for one already built or already sharded.
+        ValueError: for one already built or already sharded, or a bad level.
     """
-    partition.check_optimizer(type(distributed).__name__)
     if getattr(distributed, "_tfdist_sharded", False):
         raise ValueError(f"{type(distributed).__name__} already shards its state.")
     if getattr(distributed, "built", False):
         raise ValueError("shard() needs an optimizer that has not been built.")
-    sharded = _sharded_class(type(distributed), gather, rank, size, scatter).from_config(
-        distributed.get_config())
+    if level not in ("optimizer", "gradients") or (level == "gradients") != (engine is not None):
+        raise ValueError(f"level must be 'optimizer', or 'gradients' with an engine. "
+                         f"Received: level={level!r}, engine={engine!r}.")
+    cls = _sharded_class(type(distributed), gather, rank, size,
+                         scatter if level == "optimizer" else None)
+    if level == "gradients":
+        from tfdist.zero.gradients import gradients_class
+
+        cls = gradients_class(cls, engine)
+    sharded = cls.from_config(distributed.get_config())
     if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
         sharded._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
     return sharded

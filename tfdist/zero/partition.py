@@ -78,28 +78,38 @@ def owned_bytes(sizes: list[int], n: int) -> list[int]:
     return load
 
 
-def check_optimizer(name: str) -> None:
-    """Refuses an optimizer whose update reads a whole weight (by class or option name).
+# What `--shard` splits across the data-parallel workers, each level including the ones
+# before it (docs/zero.md); "none": every worker holds everything.
+LEVELS = ("none", "optimizer", "gradients")
 
-    Raises:
-        ConfigError: naming it.
+
+def level(adapter) -> str:
+    """The sharding level a run asks for: `--shard`, or "optimizer" for the spelled-out
+    `--shard-optimizer-state` (a higher `--shard` includes it).
+
+    Args:
+        adapter: The run's `StrategyOptions` (or anything with `shard` and
+            `shard_optimizer_state`).
     """
-    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS, reads_whole_weights
-
-    if reads_whole_weights(name):
-        whole = ", ".join(n.lower() for n in WHOLE_WEIGHT_OPTIMIZERS)
-        raise ConfigError(
-            f"--shard-optimizer-state does not apply to {name}: its update reads a whole "
-            f"weight at once ({whole} do), and a worker's part of the state "
-            f"need not hold whole weights. Received: optimizer={name!r}. Use an elementwise "
-            "optimizer (sgd, adam, adamw, rmsprop, ...) or drop --shard-optimizer-state.")
+    shard = getattr(adapter, "shard", "none") or "none"
+    if shard == "none" and getattr(adapter, "shard_optimizer_state", False):
+        return "optimizer"
+    return shard
 
 
 def check_config(settings) -> None:
-    """Pre-TensorFlow checks of a run asking for `--shard-optimizer-state` (pure).
+    """Pre-TensorFlow checks of a run asking for `--shard` (pure).
+
+    Every level gives each variable, whole, to one owner, so an optimizer whose
+    update reads a whole weight (lamb, adafactor, muon) works at each of them.
 
     Raises:
-        ConfigError: for an optimizer whose update reads a whole weight.
+        ConfigError: for gradient compression at `--shard gradients`.
     """
-    if settings.adapter.shard_optimizer_state:
-        check_optimizer(settings.optimization.optimizer)
+    adapter = settings.adapter
+    if level(adapter) == "gradients" and adapter.grad_compression != "none":
+        raise ConfigError(
+            f"--shard gradients reduce-scatters the gradients, which --grad-compression does "
+            f"not apply to. Received: --grad-compression {adapter.grad_compression}. Drop "
+            "--grad-compression, or use --shard optimizer (its gradients are all-reduced, "
+            "compressed).")

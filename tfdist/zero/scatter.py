@@ -38,6 +38,41 @@ SCATTER_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
+class LauncherScatter:
+    """multi_worker's collectives for `owned_sums`, through the strategy's own launcher
+    (`tfdist.compat.tf_all_to_all`), so they run in replica and in cross-replica
+    context alike (one replica per worker). Sums: the loss is already divided by
+    the replicas. Hashable: a sharded optimizer's class attribute."""
+
+    mean = False
+    densify_sparse = False
+
+    def size(self) -> int:
+        from tfdist.compat import tf_all_to_all
+
+        return tf_all_to_all.group_size()
+
+    def rows(self, sent, name: str):
+        """This rank's row of `sent` ([n, width]) summed over workers."""
+        import tensorflow as tf
+
+        from tfdist.compat import tf_all_to_all
+
+        return tf.reduce_sum(tf_all_to_all.all_to_all(sent), axis=0)
+
+    def sparse(self, grads: list) -> list:
+        """IndexedSlices summed over workers (their slices gathered)."""
+        from tfdist.compat import tf_all_to_all
+
+        return [tf_all_to_all.all_reduce_indexed_slices(g) for g in grads]
+
+    def all_sum(self, x):
+        from tfdist.compat import tf_all_to_all
+
+        return tf_all_to_all.all_reduce_sum(x)
+
+
+@dataclasses.dataclass(frozen=True)
 class ReplicaScatter:
     """Sums each dense gradient onto its owner (hashable: a sharded optimizer's attribute)."""
 
@@ -51,38 +86,91 @@ class ReplicaScatter:
         """
         import tensorflow as tf
 
-        from tfdist.compat import tf_all_to_all
-
         ctx = tf.distribute.get_replica_context()
-        n = ctx.num_replicas_in_sync
         out = list(grads)
         sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
         if sparse:
             for i, g in zip(sparse, ctx.all_reduce(tf.distribute.ReduceOp.SUM,
                                                    [grads[i] for i in sparse])):
                 out[i] = g
-        dense = [i for i, g in enumerate(grads) if g is not None and i not in set(sparse)]
-        by_dtype: dict = {}
-        for i in dense:
-            by_dtype.setdefault(np.dtype(grads[i].dtype.as_numpy_dtype), []).append(i)
-        last = None  # one piece's copies alive at a time, round after round
-        for index in by_dtype.values():
-            sizes = [grads[i].shape.num_elements() for i in index]
-            for members in partition.rounds(sizes, [owners[i] for i in index], n):
-                members = [None if m is None else index[m] for m in members]
-                summed, last = _scatter_round(
-                    tf_all_to_all.all_to_all, [None if m is None else grads[m] for m in members],
-                    rank, last)
-                if summed is not None:
-                    out[members[rank]] = summed
-        return out
+        dense = [None if i in set(sparse) else g for i, g in enumerate(grads)]
+        summed, _ = owned_sums(LauncherScatter(), dense, owners, rank,
+                               ctx.num_replicas_in_sync)
+        return [s if s is not None else g for s, g in zip(summed, out)]
 
 
-def _scatter_round(all_to_all, members, rank: int, after=None):
-    """Member q (the local gradient of rank q's variable, or None) summed onto rank q, in
-    all-to-alls of at most `SCATTER_CHUNK_ELEMENTS` (and `mwms.CHUNK_ELEMENTS`) per rank,
-    each piece's copies made after `after` (the previous all-to-all's result) arrived;
-    returns (this rank's sum or None, the last result)."""
+def owned_sums(engine, grads, owners, rank: int, n: int, after=None) -> tuple[list, object]:
+    """Each gradient this rank owns reduced over the workers; None for the others.
+
+    Dense gradients are reduce-scattered in the rounds of the weights' gather
+    (`partition.rounds`) and row ranges of at most `SCATTER_CHUNK_ELEMENTS`
+    per rank (see the module); sparse ones (IndexedSlices) go through the
+    engine's sparse all-reduce (every worker gets them whole, the repeated-row
+    rule untouched) and are kept by their owner only, or are made dense and
+    scattered where the engine has no sparse reduction (`densify_sparse`).
+
+    Args:
+        engine: The engine's collectives: `rows(sent, name)` (this rank's row of
+            `sent`, [n, width], reduced), `sparse(grads)`, `mean` (averages or
+            sums), `densify_sparse`, and optionally `keep(tensors)` (a stateful op
+            reading them: Horovod prunes an unused collective while its peers wait).
+        grads: This worker's gradients, one per trainable variable (or None).
+        owners: Each variable's rank.
+        rank: This worker's rank.
+        n: Workers.
+        after: A tensor the first collective waits for (or None).
+
+    Returns:
+        (one entry per gradient: the reduced gradient where `owners` names this
+        rank and the gradient is not None, else None; the last collective's
+        result, or `after` when there was none): a collective that must come
+        after these on every rank waits for the second, as nothing else orders
+        a rank's next collective after ones whose results it does not use.
+    """
+    import tensorflow as tf
+
+    out = [None] * len(grads)
+    unused = []  # collectives' results this rank does not keep (see `keep`)
+    grads = list(grads)
+    sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+    if sparse and engine.densify_sparse:
+        for i in sparse:
+            grads[i] = tf.convert_to_tensor(grads[i])
+    elif sparse:
+        with tf.control_dependencies([] if after is None else [after]):
+            reduced = engine.sparse([grads[i] for i in sparse])
+        for i, g in zip(sparse, reduced):
+            if owners[i] == rank:
+                out[i] = g
+            else:
+                unused += [g.values, g.indices]
+        after = reduced[-1].values
+    taken = set() if engine.densify_sparse else set(sparse)
+    dense = [i for i, g in enumerate(grads) if g is not None and i not in taken]
+    by_dtype: dict = {}
+    for i in dense:
+        by_dtype.setdefault(np.dtype(grads[i].dtype.as_numpy_dtype), []).append(i)
+    last, count = after, 0  # one piece's copies alive at a time, round after round
+    for index in by_dtype.values():
+        sizes = [grads[i].shape.num_elements() for i in index]
+        for members in partition.rounds(sizes, [owners[i] for i in index], n):
+            members = [None if m is None else index[m] for m in members]
+            summed, last, count, spare = _scatter_round(
+                engine, [None if m is None else grads[m] for m in members], rank, last, count)
+            unused += spare
+            if summed is not None:
+                out[members[rank]] = summed
+    if unused and hasattr(engine, "keep"):
+        engine.keep(unused)
+    return out, last
+
+
+def _scatter_round(engine, members, rank: int, after=None, count: int = 0):
+    """Member q (the local gradient of rank q's variable, or None) reduced onto rank q, in
+    reduce-scatters of at most `SCATTER_CHUNK_ELEMENTS` (and `mwms.CHUNK_ELEMENTS`) per
+    rank, each piece's copies made after `after` (the previous piece's result) arrived;
+    returns (this rank's sum or None, the last result, the pieces so far, the results of
+    pieces this rank holds none of)."""
     import tensorflow as tf
 
     from tfdist.zero import mwms
@@ -90,7 +178,7 @@ def _scatter_round(all_to_all, members, rank: int, after=None):
     chunk = min(SCATTER_CHUNK_ELEMENTS, mwms.CHUNK_ELEMENTS)
     plans = [None if g is None else partition.row_chunks(tuple(g.shape), chunk)
              for g in members]
-    mine, received = [], after
+    mine, received, spare = [], after, []
     for j in range(max(len(p) for p in plans if p is not None)):
         pieces = [None if g is None or j >= len(p) else
                   (g if p[j] is None else g[p[j][0]:p[j][1]])
@@ -107,13 +195,15 @@ def _scatter_round(all_to_all, members, rank: int, after=None):
                 parts += ([] if p is None else [tf.reshape(p, [-1])]) + (
                     [tf.zeros([width - s], dtype)] if s < width else [])
             sent = tf.reshape(tf.concat(parts, 0), [len(pieces), width])
-        received = all_to_all(sent)  # row p: rank p's rows of my variable's piece
+        received = engine.rows(sent, f"tfdist_zero_scatter_{count}")  # my row, reduced
+        count += 1
         if pieces[rank] is not None:
-            total = tf.reduce_sum(received, axis=0)[:sizes[rank]]
-            mine.append(tf.reshape(total, pieces[rank].shape))
+            mine.append(tf.reshape(received[:sizes[rank]], pieces[rank].shape))
+        else:
+            spare.append(received)
     if members[rank] is None:
-        return None, received
-    return (mine[0] if len(mine) == 1 else tf.concat(mine, axis=0)), received
+        return None, received, count, spare
+    return (mine[0] if len(mine) == 1 else tf.concat(mine, axis=0)), received, count, spare
 
 
 def partial_norm(grads, owners, rank: int):
@@ -124,3 +214,28 @@ def partial_norm(grads, owners, rank: int):
     squared = [ops.sum(ops.square(g)) for g, o in zip(grads, owners)
                if g is not None and o == rank]
     return ops.sum(ops.stack(squared)) if squared else ops.convert_to_tensor(0.0)
+
+
+def clip_by_global_norm(grads, owners, rank: int, clip_norm: float, all_sum) -> list:
+    """Keras's clip_by_global_norm of the owned gradients, the norm summed over every
+    worker's part (`all_sum`: a scalar summed over the workers, called on every worker
+    even when it owns none), after the repeated sparse rows are summed as Keras's own
+    (patched) clipping does; the gradients of other owners are left as they are."""
+    from keras import ops
+
+    from tfdist.compat import keras_sparse_duplicates
+
+    if keras_sparse_duplicates.is_applied():
+        grads = [keras_sparse_duplicates.deduplicate(g) for g in grads]
+    use_norm = ops.sqrt(all_sum(partial_norm(grads, owners, rank)))
+    scale = clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm) + (use_norm - use_norm)
+    return [g * scale if g is not None and o == rank else g for g, o in zip(grads, owners)]
+
+
+def tensors_of(grads) -> list:
+    """The tensors of a gradient list (an IndexedSlices' values and indices)."""
+    out = []
+    for g in grads:
+        if g is not None:
+            out += [g.values, g.indices] if hasattr(g, "indices") else [g]
+    return out

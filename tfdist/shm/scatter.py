@@ -1,0 +1,36 @@
+"""Each rank receives the averaged gradients of the variables it owns (`--shard gradients`).
+
+The shared-memory engine's collectives for `tfdist.zero.scatter.owned_sums`:
+a reduce-scatter through the segment (`Communicator.reduce_scatter`: each
+rank writes the rows its peers own and sums its own, half an all-reduce's
+traffic). The engine's all-reduce makes sparse gradients dense, so they are
+scattered as dense ones here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ShmScatter:
+    """Hashable: a sharded optimizer's class attribute."""
+
+    mean = True  # each rank's loss is its own batch's mean
+    densify_sparse = True
+
+    def rows(self, sent, name: str):
+        """This rank's row of `sent` ([n, width]) averaged over the ranks."""
+        from tfdist.shm import ops
+
+        return ops.reduce_scatter(sent, average=True)
+
+    def sparse(self, grads: list) -> list:  # pragma: no cover - densify_sparse
+        raise NotImplementedError
+
+    def all_sum(self, x):
+        """The scalar `x` summed over the ranks."""
+        from tfdist.shm import ops
+
+        (total,) = ops.allreduce([x], average=False)
+        return total
