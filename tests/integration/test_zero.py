@@ -145,20 +145,20 @@ def test_the_reference_moved_every_weight(runs):
     assert RTOL == 1e-5
 
 
-# Backups: 2 sharded shm workers train 2 epochs of digits_mlp under Adam (14 steps
-# each, backups every 4 steps and at epoch ends); copies of their model dir then
-# run to 4 epochs on 1 unsharded process and on 4 sharded workers, and must end
-# with the weights of one uninterrupted single-replica run.
+# Backups: 2 shm workers at --shard gradients train 2 epochs of digits_mlp under Adam
+# (14 steps each, backups every 4 steps and at epoch ends); copies of their model dir
+# then run to 4 epochs on 1 unsharded process and on 4 workers at --shard optimizer,
+# and must end with the weights of one uninterrupted single-replica run.
 DUMP = os.path.join(WORKERS, "train_dump.py")
 BACKUP_RUN = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size", "96",
               "--optimizer", "adam", "--learning-rate", "0.01", "--verbose", "0",
               "--threads", "1", "--save-every-steps", "4"]
 
 
-def _train(tmp, name, n, strategy, epochs, model_dir, sharded):
+def _train(tmp, name, n, strategy, epochs, model_dir, level):
     args = [DUMP, str(tmp / f"dump-{name}"), *BACKUP_RUN, "--epochs", str(epochs),
             "--strategy", strategy, "--model-dir", model_dir,
-            *(["--shard-optimizer-state"] if sharded else [])]
+            *(["--shard", level] if level != "none" else [])]
     if n == 1:
         return args
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "300", "--", "python", *args]
@@ -169,8 +169,8 @@ def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path)
 
     first = str(tmp_path / "first")
     procs = run_py_many([_train(tmp_path, "baseline", 1, "single", 4,
-                                str(tmp_path / "baseline"), False),
-                         _train(tmp_path, "first", 2, "shm", 2, first, True)], timeout=400)
+                                str(tmp_path / "baseline"), "none"),
+                         _train(tmp_path, "first", 2, "shm", 2, first, "gradients")], timeout=400)
     for proc in procs:
         assert proc.returncode == 0, tail(proc)
     backups = sorted(os.listdir(os.path.join(first, "backup")))
@@ -183,8 +183,8 @@ def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path)
     one, four = (str(tmp_path / n) for n in ("one", "four"))
     for copy in (one, four):
         shutil.copytree(first, copy)
-    procs = run_py_many([_train(tmp_path, "one", 1, "single", 4, one, False),
-                         _train(tmp_path, "four", 4, "shm", 4, four, True)], timeout=400)
+    procs = run_py_many([_train(tmp_path, "one", 1, "single", 4, one, "none"),
+                         _train(tmp_path, "four", 4, "shm", 4, four, "optimizer")], timeout=400)
     baseline = dump_dir_weights(str(tmp_path / "dump-baseline"))[0]
     for name, proc, workers in (("one", procs[0], 1), ("four", procs[1], 4)):
         assert proc.returncode == 0, tail(proc)

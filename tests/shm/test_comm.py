@@ -132,6 +132,10 @@ def test_collectives_match_numpy(tmp_path, size):
                 np.testing.assert_array_equal(got[f"rsm_{k}"], want // size)
             else:
                 np.testing.assert_allclose(got[f"rsm_{k}"], want / size, **tol)
+        # Uneven parts (several blocks each), read in place; rank 1's is empty.
+        want = 0 if r == 1 else sum(x["f32_big"].reshape(-1)[:3000 * (r + 1)] for x in xs)
+        assert got["rs_uneven"].shape == ((0,) if r == 1 else (3000 * (r + 1),))
+        np.testing.assert_allclose(got["rs_uneven"], want, rtol=1e-6, atol=1e-6)
     # rank 0 unlinks the segment's name once everyone attached: nothing left behind.
     assert _segments(procs) == set()
 

@@ -140,12 +140,17 @@ def main():
                 result_rs = comm.reduce_scatter(v)
                 result_rsm = comm.reduce_scatter(v, average=True)
                 x[f"rs_{k}"], x[f"rsm_{k}"] = result_rs, result_rsm
+            # Uneven parts, read in place, one of them empty (None): rank 1 gets nothing.
+            uneven = [None if q == 1 else x["f32_big"].reshape(-1)[:3000 * (q + 1)]
+                      for q in range(size)]
+            x["rs_uneven"] = comm.reduce_scatter(uneven)
             unchanged = all(np.array_equal(before[k], x[k]) for k in names)
             result = {"unchanged": np.array(unchanged)}
             for k, t, m, b in zip(names, total, mean, bcast):
                 result[f"sum_{k}"], result[f"mean_{k}"], result[f"bcast_{k}"] = t, m, b
             for k in rows:
                 result[f"rs_{k}"], result[f"rsm_{k}"] = x[f"rs_{k}"], x[f"rsm_{k}"]
+            result["rs_uneven"] = x["rs_uneven"]
             np.savez(os.path.join(out, f"rank{rank}.npz"), **result)
         elif scenario == "barrier":
             comm.barrier()

@@ -140,3 +140,17 @@ def test_setup_takes_the_keyword():
     assert partition.level(cfg.typed.adapter) == "gradients"
     with pytest.raises(ConfigError):
         config.for_script("shm", {"shard_optimizer_state": "maybe"})
+
+
+def test_each_worker_says_what_it_will_hold():
+    mib = 1 << 20
+    sizes = [8 * mib, 4 * mib, 4 * mib]  # worker 0 owns the 8, worker 1 the two 4s
+    line = partition.holdings(sizes, 2, 1, "gradients", 16 * mib)
+    assert line == ("tfdist: worker 1 of 2 (--shard gradients) holds every weight (16.0 MiB, "
+                    "the largest 8.0 MiB), the optimizer state of its 2 of 3 variables "
+                    "(16.0 MiB), and the reduced gradients of its 2 of 3 variables (8.0 MiB "
+                    "of 16.0 MiB)")
+    assert partition.holdings(sizes, 2, 0, "optimizer", 0).endswith(
+        "state of its 1 of 3 variables (0 B), and every reduced gradient (16.0 MiB)")
+    assert "(3.0 KiB, the largest 2.0 KiB)" in partition.holdings([2048, 1024], 2, 0,
+                                                                   "optimizer", 0)

@@ -532,49 +532,57 @@ class Communicator:
         # result[] is rewritten by the next block's step 2 only after every
         # rank passed that block's first barrier, i.e. finished this step 3.
 
-    def reduce_scatter(self, x, out=None, average: bool = False):
-        """Row r of `x` summed (or averaged) over ranks, for this rank r only.
+    def reduce_scatter(self, parts, out=None, average: bool = False):
+        """Part r summed (or averaged) over ranks, for this rank r only.
 
-        Each rank writes the (n-1)/n of `x` that its peers own into their
-        mailboxes and sums its own row: half an all-reduce's traffic, and no
-        rank ever holds another's sum (`--shard gradients`, `tfdist.zero`).
+        Each rank writes the parts its peers own into their mailboxes, read in
+        place (no padding, no copy of the whole), and sums its own: half an
+        all-reduce's traffic, and no rank ever holds another's sum
+        (`--shard gradients`, `tfdist.zero`).
 
         Args:
-            x: A numpy array of shape [n, width], the same shape and dtype on
-                every rank; row q is this rank's part of rank q's sum.
-            out: Optional writable C-contiguous array of shape [width] (not
-                overlapping `x`) to write this rank's row into.
+            parts: n numpy arrays (or None for an empty one), one dtype; part q
+                is this rank's contribution to rank q's result, of the same
+                size on every rank (an [n, width] array is n parts).
+            out: Optional writable C-contiguous array of part r's size (not
+                overlapping a part) to write this rank's result into.
             average: Divide by the number of ranks (floor division for integers).
 
         Returns:
-            This rank's reduced row (`out` when given).
+            This rank's reduced part, flat (`out` when given).
         """
-        x = _contiguous(x)
         n, r = self.size, self.rank
-        if x.ndim != 2 or x.shape[0] != n:
-            raise ValueError(f"reduce_scatter needs an array of shape [{n}, width] (one row "
-                             f"per rank). Received: shape {x.shape}.")
-        out = np.empty(x.shape[1:], x.dtype) if out is None else out
+        if len(parts) != n:
+            raise ValueError(f"reduce_scatter needs one part per rank ({n}). Received: "
+                             f"{len(parts)} parts.")
+        flat = [None if p is None else _contiguous(p).reshape(-1) for p in parts]
+        dtypes = {f.dtype for f in flat if f is not None}
+        if len(dtypes) != 1:
+            raise ValueError(f"reduce_scatter needs parts of one dtype. Received: "
+                             f"{sorted(map(str, dtypes))}.")
+        dt = dtypes.pop()
+        sizes = [0 if f is None else f.size for f in flat]
+        out = np.empty(sizes[r], dt) if out is None else out.reshape(-1)
         if n == 1:
-            np.copyto(out, x[0])
+            np.copyto(out, flat[r] if flat[r] is not None else out)
             return out
-        dt, width = x.dtype, x.shape[1]
-        self._begin(SCATTER_MEAN if average else SCATTER_SUM, 0, dt, [x.shape], x.size)
+        self._begin(SCATTER_MEAN if average else SCATTER_SUM, 0, dt, [(s,) for s in sizes],
+                    sum(sizes))
         wide = accumulator_dtype(dt)
         scale = np.asarray(1.0 / n, dtype=wide or dt) if is_floating(dt) else None
         mail, step = self._mail, max(1, self.chunk_bytes // dt.itemsize)
-        for lo in range(0, max(1, width), step):
-            hi = min(width, lo + step)
-            k = hi - lo
-            for q in range(n):  # 1. my part of every peer's row, into its mailbox
-                if q != r and k:
-                    mail[q, r, :k * dt.itemsize].view(dt)[:] = x[q, lo:hi]
+        for lo in range(0, max(1, max(sizes)), step):
+            for q in range(n):  # 1. my part of every peer's result, into its mailbox
+                k = min(lo + step, sizes[q]) - lo
+                if q != r and k > 0:
+                    mail[q, r, :k * dt.itemsize].view(dt)[:] = flat[q][lo:lo + k]
                     self.bytes_sent += k * dt.itemsize
             self._sync()
-            if k:  # 2. my row: mine + every peer's part (fp16 summed in float32)
-                total = x[r, lo:hi].astype(wide) if wide is not None else out[lo:hi]
+            k = min(lo + step, sizes[r]) - lo
+            if k > 0:  # 2. mine: my part + every peer's (2-byte floats summed in float32)
+                total = flat[r][lo:lo + k].astype(wide) if wide is not None else out[lo:lo + k]
                 if wide is None:
-                    np.copyto(total, x[r, lo:hi])
+                    np.copyto(total, flat[r][lo:lo + k])
                 for q in range(n):
                     if q != r:
                         np.add(total, mail[r, q, :k * dt.itemsize].view(dt), out=total)
@@ -584,7 +592,7 @@ class Communicator:
                     else:
                         np.floor_divide(total, n, out=total)
                 if wide is not None:
-                    out[lo:hi] = total
+                    out[lo:lo + k] = total
             self._sync()  # the mailboxes are rewritten by the next block only after this
         return out
 

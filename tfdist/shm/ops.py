@@ -108,27 +108,41 @@ def _reduce(comm, tensors, average: bool, after=()):
     return list(outs)
 
 
-def reduce_scatter(rows, average: bool = True, after=()):
-    """Row r of `rows` ([ranks, width], static shape) reduced over the ranks, on rank r.
+def reduce_scatter(parts, rank: int, average: bool = True):
+    """Part `rank` of `parts` reduced over the ranks, on this rank (flat).
 
-    One numpy_function (`Communicator.reduce_scatter`) writing into a buffer
-    TensorFlow allocated, run after the ops in `after`, so every rank issues
-    its reduce-scatters in one order (`tfdist.zero.scatter`).
+    One numpy_function (`Communicator.reduce_scatter`) reading every part in
+    place and writing into a buffer TensorFlow allocated. Every rank calls it
+    with the same part sizes, in the same order (`tfdist.zero.scatter`).
+
+    Args:
+        parts: One dense tensor (static shape, one dtype) or None per rank: this
+            rank's contribution to each rank's result.
+        rank: This rank.
+        average: Mean instead of sum.
+
+    Returns:
+        The reduced part `rank`, flat (a 0-size tensor when it is None).
     """
     import tensorflow as tf
 
     comm = runtime.communicator()
-    width = rows.shape[1]
-    buffer = tf.raw_ops.Empty(shape=[width], dtype=rows.dtype)
+    index = [q for q, p in enumerate(parts) if p is not None]
+    dtype = parts[index[0]].dtype
+    size = 0 if parts[rank] is None else parts[rank].shape.num_elements()
+    buffer = tf.raw_ops.Empty(shape=[size], dtype=dtype)
 
-    def scatter(x, out):
+    def scatter(*arrays):
+        given = [None] * len(parts)
+        for q, a in zip(index, arrays[:-1]):
+            given[q] = a
+        out = arrays[-1]
         target = out if out.flags.writeable and out.flags.c_contiguous else None
-        return comm.reduce_scatter(x, out=target, average=average)
+        return comm.reduce_scatter(given, out=target, average=average)
 
-    with tf.control_dependencies(list(after)):
-        out = tf.numpy_function(scatter, [rows, buffer], rows.dtype, stateful=True,
-                                name="tfdist_shm_reduce_scatter")
-    out.set_shape([width])
+    out = tf.numpy_function(scatter, [parts[q] for q in index] + [buffer], dtype,
+                            stateful=True, name="tfdist_shm_reduce_scatter")
+    out.set_shape([size])
     return out
 
 

@@ -2,8 +2,8 @@
 
 The shared-memory engine's collectives for `tfdist.zero.scatter.owned_sums`:
 a reduce-scatter through the segment (`Communicator.reduce_scatter`: each
-rank writes the rows its peers own and sums its own, half an all-reduce's
-traffic). The engine's all-reduce makes sparse gradients dense, so they are
+rank writes the pieces its peers own, read in place, and sums its own, half
+an all-reduce's traffic). The engine's all-reduce makes sparse gradients dense, so they are
 scattered as dense ones here too.
 """
 
@@ -19,11 +19,12 @@ class ShmScatter:
     mean = True  # each rank's loss is its own batch's mean
     densify_sparse = True
 
-    def rows(self, sent, name: str):
-        """This rank's row of `sent` ([n, width]) averaged over the ranks."""
+    def parts(self, pieces, rank: int, name: str):
+        """This rank's piece of `pieces` (flat, one per rank or None) averaged over the
+        ranks, each read in place."""
         from tfdist.shm import ops
 
-        return ops.reduce_scatter(sent, average=True)
+        return ops.reduce_scatter(pieces, rank, average=True)
 
     def sparse(self, grads: list) -> list:  # pragma: no cover - densify_sparse
         raise NotImplementedError

@@ -69,9 +69,13 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
                                    tf_all_to_all.all_reduce_sum)
 
     def build(self, variables):
-        owner_of = partition.owners([variable_bytes(v) for v in variables], size)
+        sizes = [variable_bytes(v) for v in variables]
+        owner_of = partition.owners(sizes, size)
         self._tfdist_owner = {self._var_key(v): o for v, o in zip(variables, owner_of)}
         base.build(self, variables)
+        # Before the first step, each worker says what it will hold.
+        print(partition.holdings(sizes, size, rank, self._tfdist_shard_level, sum(
+            variable_bytes(v) for v in self.variables if is_shard_slot(v))), flush=True)
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         owner = getattr(self, "_tfdist_owner", {}).get(self._var_key(reference_variable))

@@ -97,6 +97,35 @@ def level(adapter) -> str:
     return shard
 
 
+def holdings(sizes: list[int], n: int, rank: int, level: str, slot_bytes: int) -> str:
+    """Pure function: the line a worker prints before its first step, of what it will hold.
+
+    Args:
+        sizes: Each trainable variable's bytes, in the optimizer's order.
+        n: Data-parallel workers.
+        rank: This worker's rank.
+        level: "optimizer" or "gradients".
+        slot_bytes: This worker's bytes of sharded optimizer state (counted once built).
+    """
+    owner = owners(sizes, n)
+    mine = [s for s, o in zip(sizes, owner) if o == rank]
+    grads = (f"the reduced gradients of its {len(mine)} of {len(sizes)} variables "
+             f"({_bytes(sum(mine))} of {_bytes(sum(sizes))})" if level == "gradients" else
+             f"every reduced gradient ({_bytes(sum(sizes))})")
+    return (f"tfdist: worker {rank} of {n} (--shard {level}) holds every weight "
+            f"({_bytes(sum(sizes))}, the largest {_bytes(max(sizes, default=0))}), the optimizer "
+            f"state of its {len(mine)} of {len(sizes)} variables ({_bytes(slot_bytes)}), and "
+            f"{grads}")
+
+
+def _bytes(n: int) -> str:
+    """'512 B', '3.4 KiB', '257.0 MiB', '1.2 GiB'."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
 def check_config(settings) -> None:
     """Pre-TensorFlow checks of a run asking for `--shard` (pure).
 

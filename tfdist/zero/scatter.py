@@ -111,7 +111,8 @@ def owned_sums(engine, grads, owners, rank: int, n: int, after=None) -> tuple[li
 
     Args:
         engine: The engine's collectives: `rows(sent, name)` (this rank's row of
-            `sent`, [n, width], reduced), `sparse(grads)`, `mean` (averages or
+            `sent`, [n, width], reduced) or `parts(pieces, rank, name)` (this rank's
+            piece of the flat `pieces`, one per rank or None, reduced), `sparse(grads)`, `mean` (averages or
             sums), `densify_sparse`, and optionally `keep(tensors)` (a stateful op
             reading them: Horovod prunes an unused collective while its peers wait).
         grads: This worker's gradients, one per trainable variable (or None).
@@ -188,14 +189,18 @@ def _scatter_round(engine, members, rank: int, after=None, count: int = 0):
         dtype = next(p for p in pieces if p is not None).dtype
         # Built once the previous piece has arrived: nothing else orders these copies of
         # the gradients, and TensorFlow would otherwise make every piece's at once.
-        # One copy: the rows and their padding concatenated, then viewed as [n, width].
         with tf.control_dependencies([] if received is None else [received]):
-            parts = []
-            for p, s in zip(pieces, sizes):
-                parts += ([] if p is None else [tf.reshape(p, [-1])]) + (
-                    [tf.zeros([width - s], dtype)] if s < width else [])
-            sent = tf.reshape(tf.concat(parts, 0), [len(pieces), width])
-        received = engine.rows(sent, f"tfdist_zero_scatter_{count}")  # my row, reduced
+            name = f"tfdist_zero_scatter_{count}"
+            if hasattr(engine, "parts"):  # reads the pieces in place: no copy, no padding
+                received = engine.parts([None if p is None else tf.reshape(p, [-1])
+                                         for p in pieces], rank, name)
+            else:  # one copy: the rows and their padding concatenated, viewed as [n, width]
+                parts = []
+                for p, s in zip(pieces, sizes):
+                    parts += ([] if p is None else [tf.reshape(p, [-1])]) + (
+                        [tf.zeros([width - s], dtype)] if s < width else [])
+                sent = tf.reshape(tf.concat(parts, 0), [len(pieces), width])
+                received = engine.rows(sent, name)  # my row, reduced
         count += 1
         if pieces[rank] is not None:
             mine.append(tf.reshape(received[:sizes[rank]], pieces[rank].shape))
