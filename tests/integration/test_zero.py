@@ -122,15 +122,14 @@ def test_each_worker_holds_its_share_of_the_state(runs, job):
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
-def test_multi_worker_sums_gradients_onto_their_owners(runs, job):
-    # At "optimizer" multi_worker reduce-scatters in place of the all-reduce
-    # (tfdist.zero.scatter) and shm's engine all-reduces; at "gradients" every engine
-    # reduce-scatters in the optimizer's own step (tfdist.zero.gradients).
+def test_every_engine_sums_gradients_onto_their_owners(runs, job):
+    # Uncompressed, every engine reduce-scatters at every level (tfdist.zero.scatter):
+    # multi_worker at "optimizer" in place of the all-reduce, shm's in place of its
+    # DistributedOptimizer's, and at "gradients" in the optimizer's own step.
     for worker in runs[job].values():
         for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + ["attention-sgd-clip"]:
             state = json.loads(worker[f"state:{row}"])
-            scattered = job[0] == "multi_worker" and job[2] == "optimizer"
-            assert state["scattered"] is scattered, (job, row, state)
+            assert state["scattered"] is True, (job, row, state)
 
 
 def test_the_reference_moved_every_weight(runs):

@@ -240,7 +240,8 @@ def save_state_bytes(model, path):
                                      if is_shard_slot(v)),
                    "weight_bytes": sum(sizes), "largest": max(sizes),
                    # whether the gradients were summed onto their owners (tfdist.zero.scatter)
-                   "scattered": bool(getattr(optimizer, "_tfdist_partial", False)),
+                   "scattered": bool(getattr(optimizer, "_tfdist_partial", False)
+                                     or getattr(optimizer, "_tfdist_scatters", False)),
                    "level": getattr(optimizer, "_tfdist_shard_level", "none")}, f)
 
 

@@ -123,10 +123,10 @@ class ProcessReplicaHooks(Hooks):
         if self.shard != "none":
             from tfdist.zero.optimizer import shard
 
+            # Compressed gradients keep the all-reduce (`--shard optimizer` only).
+            engine = self._scatter_engine() if self.grad_compression == "none" else None
             distributed = shard(distributed, self._owner_gather(), self.cluster.worker_index,
-                                self.cluster.num_workers, level=self.shard,
-                                engine=self._scatter_engine() if self.shard == "gradients"
-                                else None)
+                                self.cluster.num_workers, level=self.shard, engine=engine)
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
 
     def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):

@@ -222,9 +222,10 @@ class MultiWorkerHooks(Hooks):
                 f"--shard {self.shard} under multi_worker splits the state by worker and "
                 f"needs one replica per worker. Received: {replicas} replicas on "
                 f"{self.cluster.num_workers} workers. Run one device per worker.")
+        gradients = self.shard == "gradients"
         sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
-                        self.cluster.num_workers, ReplicaScatter(), level=self.shard,
-                        engine=LauncherScatter() if self.shard == "gradients" else None)
+                        self.cluster.num_workers, None if gradients else ReplicaScatter(),
+                        level=self.shard, engine=LauncherScatter() if gradients else None)
         return allreduce_optimizer.loss_scale_if_float16(sharded, _all_true)
 
 

@@ -65,7 +65,7 @@ def gradients_class(sharded: type, engine) -> type:
         # Read while this step is traced: every variable for the gather, and the last
         # collective, which the next one waits for (a rank that owns nothing, or whose
         # norm is a constant, has no other edge from the scatter to its gather).
-        self._tfdist_step = {"variables": variables, "owners": owner_of, "last": last}
+        _set_step(self, {"variables": variables, "owners": owner_of, "last": last})
         return keras_base._backend_apply_gradients(
             self, [summed[i] for i in mine], [variables[i] for i in mine])
 
@@ -110,11 +110,72 @@ def gradients_class(sharded: type, engine) -> type:
         "_backend_increment_gradient_accumulators": _backend_increment_gradient_accumulators,
         "_tfdist_gets_reduced_grads": True,  # keras_grad_reduction: apply reduces nothing
         "_tfdist_whole_slots": (),  # accumulators too: only the owner's
+        "_tfdist_scatters": True,
         "_tfdist_shard_level": "gradients",
         "__module__": sharded.__module__,
         "__doc__": f"{sharded.__name__} whose optimizer state and gradients are split "
                    "across workers.",
     })
+
+
+@functools.cache
+def scattered_class(sharded: type, engine) -> type:
+    """A subclass of `sharded` (a `tfdist.zero.optimizer` class of an engine whose
+    DistributedOptimizer all-reduces in `_clip_gradients`: shm, horovod) that
+    reduce-scatters there instead, at `--shard optimizer`.
+
+    Keras has accumulated the local gradients (each worker's accumulators stay
+    whole, and the engine communicates once per update, as without sharding);
+    each is then reduced onto its owner only (`scatter.owned_sums`), the others
+    dropped, so no worker holds another's reduced gradient. Clipping and the
+    gather are as at "gradients".
+    """
+    keras_base = _keras_base(sharded)
+    rank, size = sharded._tfdist_rank, sharded._tfdist_size
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        variables = list(trainable_variables)
+        _set_step(self, {"variables": variables, "last": None,
+                         "owners": [self._tfdist_owner[self._var_key(v)] for v in variables]})
+        return sharded._backend_apply_gradients(self, grads, variables)
+
+    def _clip_gradients(self, grads):
+        # In place of the DistributedOptimizer's all-reduce: unowned gradients become None
+        # (the update step reads the owned ones only).
+        step = self._tfdist_step
+        grads, step["last"] = scatter_lib.owned_sums(engine, list(grads), step["owners"],
+                                                     rank, size)
+        if not ((self.global_clipnorm or 0) > 0 and not (self.clipnorm or 0) > 0):
+            return keras_base._clip_gradients(self, grads)
+
+        def all_sum(x):
+            with _after(step["last"]):
+                step["last"] = total = engine.all_sum(x)
+            return total
+
+        return scatter_lib.clip_by_global_norm(grads, step["owners"], rank,
+                                               self.global_clipnorm, all_sum)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        with _after(self._tfdist_step["last"]):
+            sharded._backend_update_step(self, grads, trainable_variables, learning_rate)
+
+    return type(sharded.__name__, (sharded,), {
+        "_backend_apply_gradients": _backend_apply_gradients,
+        "_clip_gradients": _clip_gradients,
+        "_backend_update_step": _backend_update_step,
+        "_tfdist_scatters": True,
+        "__module__": sharded.__module__,
+        "__doc__": f"{sharded.__name__} whose optimizer state is split across workers, its "
+                   "gradients reduce-scattered onto their owners.",
+    })
+
+
+def _set_step(optimizer, step: dict) -> None:
+    """Keeps what the step being traced needs, out of Keras's tracking: an attribute
+    set the usual way would have the optimizer track the model's variables in it as
+    its own (and save them with its state)."""
+    optimizer.__dict__["_tfdist_step"] = step
 
 
 def _after(tensor):

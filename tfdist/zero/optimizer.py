@@ -166,8 +166,10 @@ def shard(distributed, gather, rank: int, size: int, scatter=None, level: str = 
             of the all-reduce (`tfdist.zero.scatter`); None: all-reduced.
         level: "optimizer" (ZeRO-1) or "gradients" (ZeRO-2: the gradients and
             accumulators too, `tfdist.zero.gradients`; needs `engine`).
-        engine: Hashable; the engine's collectives for `scatter.owned_sums`
-            (level "gradients" only).
+        engine: Hashable or None; the engine's collectives for
+            `scatter.owned_sums`: at "optimizer", the accumulated gradients are
+            reduce-scattered in `_clip_gradients` in place of the
+            DistributedOptimizer's all-reduce (`gradients.scattered_class`).
 
     Returns:
         A new optimizer of a subclass of `type(distributed)`, built from its
@@ -180,15 +182,17 @@ def shard(distributed, gather, rank: int, size: int, scatter=None, level: str = 
         raise ValueError(f"{type(distributed).__name__} already shards its state.")
     if getattr(distributed, "built", False):
         raise ValueError("shard() needs an optimizer that has not been built.")
-    if level not in ("optimizer", "gradients") or (level == "gradients") != (engine is not None):
-        raise ValueError(f"level must be 'optimizer', or 'gradients' with an engine. "
-                         f"Received: level={level!r}, engine={engine!r}.")
-    cls = _sharded_class(type(distributed), gather, rank, size,
-                         scatter if level == "optimizer" else None)
-    if level == "gradients":
-        from tfdist.zero.gradients import gradients_class
+    if level not in ("optimizer", "gradients") or (level == "gradients" and engine is None) or (
+            scatter is not None and engine is not None):
+        raise ValueError(f"level must be 'optimizer' or 'gradients' (with an engine), and "
+                         f"scatter and engine are not both given. Received: level={level!r}, "
+                         f"scatter={scatter!r}, engine={engine!r}.")
+    cls = _sharded_class(type(distributed), gather, rank, size, scatter)
+    if engine is not None:
+        from tfdist.zero import gradients
 
-        cls = gradients_class(cls, engine)
+        cls = (gradients.gradients_class if level == "gradients" else
+               gradients.scattered_class)(cls, engine)
     sharded = cls.from_config(distributed.get_config())
     if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
         sharded._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
