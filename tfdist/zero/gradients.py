@@ -1,6 +1,7 @@
-"""Gradients split across workers too (ZeRO stage 2, `--shard gradients`).
+"""The reduce-scatter in the optimizer: `--shard gradients` (ZeRO stage 2,
+`gradients_class`), and `--shard optimizer` on shm and horovod (`scattered_class`).
 
-On top of `tfdist.zero.optimizer` (each worker keeps and updates the
+At "gradients", on top of `tfdist.zero.optimizer` (each worker keeps and updates the
 optimizer state of the variables it owns): a worker keeps only the reduced
 gradients, and the accumulators, of those variables.
 
