@@ -19,6 +19,7 @@ import statistics
 
 from tfdist.bench import memory, runs
 from tfdist.bench.pipeline_processes import COMMON, _run
+from tfdist.zero.partition import LEVELS
 
 DESCRIPTION = ("state sharded across workers (ZeRO-1, ZeRO-2): per-worker peak memory and "
                "step time at each --shard level")
@@ -30,7 +31,6 @@ SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1, "nadam": 2, "
 TARGET_SAVED = 0.8  # #41: at least 0.8 x the state a worker no longer holds
 TARGET_STEP = 1.10  # #41: within 10% of the unsharded step
 TARGET_GRADIENTS_STEP = 1.05  # #51: "gradients" within 5% of "optimizer"
-LEVELS = ("none", "optimizer", "gradients")
 MIB = memory.MB
 
 

@@ -67,8 +67,3 @@ def all_reduce_sum(x):
 def all_reduce_indexed_slices(slices):
     """IndexedSlices summed over the workers (their slices gathered), in either context."""
     return _launcher().all_reduce_indexed_slices(slices)
-
-
-def group_size() -> int:
-    """Workers in the strategy's collective group."""
-    return _launcher()._group_size

@@ -2,7 +2,8 @@
 (`--shard gradients`).
 
 Horovod's collectives for `tfdist.zero.scatter.owned_sums`: `hvd.reducescatter`
-of an [n, width] piece gives rank r row r, averaged; sparse gradients are
+of an [n, width] piece gives rank r row r, averaged (each rank's loss is its
+own batch's mean); sparse gradients are
 gathered whole (`tfdist.horovod.optimizer.sparse_allreduce`), as without
 sharding. Collectives pair across ranks by name, so each is named from its
 place in the step (the same sequence on every rank), and every result is
@@ -19,7 +20,6 @@ import dataclasses
 class HorovodScatter:
     """Hashable: a sharded optimizer's class attribute."""
 
-    mean = True  # each rank's loss is its own batch's mean
     densify_sparse = False
 
     def rows(self, sent, name: str):

@@ -3,7 +3,8 @@
 The shared-memory engine's collectives for `tfdist.zero.scatter.owned_sums`:
 a reduce-scatter through the segment (`Communicator.reduce_scatter`: each
 rank writes the pieces its peers own, read in place, and sums its own, half
-an all-reduce's traffic). The engine's all-reduce makes sparse gradients dense, so they are
+an all-reduce's traffic), averaged, as each rank's loss is its own batch's
+mean. The engine's all-reduce makes sparse gradients dense, so they are
 scattered as dense ones here too.
 """
 
@@ -16,8 +17,7 @@ import dataclasses
 class ShmScatter:
     """Hashable: a sharded optimizer's class attribute."""
 
-    mean = True  # each rank's loss is its own batch's mean
-    densify_sparse = True
+    densify_sparse = True  # its all-reduce makes them dense too: no sparse() needed
 
     def parts(self, pieces, rank: int, name: str):
         """This rank's piece of `pieces` (flat, one per rank or None) averaged over the
@@ -25,9 +25,6 @@ class ShmScatter:
         from tfdist.shm import ops
 
         return ops.reduce_scatter(pieces, rank, average=True)
-
-    def sparse(self, grads: list) -> list:  # pragma: no cover - densify_sparse
-        raise NotImplementedError
 
     def all_sum(self, x):
         """The scalar `x` summed over the ranks."""

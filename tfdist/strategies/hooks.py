@@ -40,10 +40,6 @@ class Hooks:
             self._collectives = self._make_collectives(strategy)
         return self._collectives
 
-    def _scatter_engine(self):  # pragma: no cover - interface
-        """The engine's hashable collectives for `tfdist.zero.scatter.owned_sums`."""
-        raise NotImplementedError
-
     def _make_collectives(self, strategy):
         """The strategy's own processes' collectives (MultiWorkerMirrored's, or one process)."""
         from tfdist import collectives

@@ -19,6 +19,7 @@ from tfdist.buckets import ENGINE_DEFAULT
 from tfdist.compression import NAMES as COMPRESSIONS
 from tfdist.model_parallel.schedules import NAMES as PIPELINE_SCHEDULES
 from tfdist.option import Option
+from tfdist.zero.partition import LEVELS as SHARD_LEVELS
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")  # MultiWorkerMirroredStrategy's collectives
 
@@ -99,8 +100,7 @@ class StrategyOptions:
     shard: str = _declared(Option(
         "none", "what each worker keeps only its 1/N of: optimizer (the optimizer state, "
         "ZeRO-1), gradients (and the reduced gradients and accumulators, ZeRO-2); each "
-        "level includes the one before (docs/zero.md)", choices=("none", "optimizer",
-                                                                 "gradients")))
+        "level includes the one before (docs/zero.md)", choices=SHARD_LEVELS))
     shard_optimizer_state: bool = _declared(Option(
         False, "the spelled-out --shard optimizer"))
     microbatches: int = _declared(Option(1, "micro-batches per batch (pipeline)", ge=1))

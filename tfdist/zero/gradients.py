@@ -46,13 +46,13 @@ def gradients_class(sharded: type, engine) -> type:
 
     Args:
         sharded: The optimizer-state-sharded class (its `_tfdist_rank`,
-            `_tfdist_size` and gather are used).
+            `_tfdist_size` and its update step, owned updates then the gather,
+            are used).
         engine: Hashable; the engine's collectives for `scatter.owned_sums`,
             with `all_sum(x)` (a scalar summed over the workers).
     """
     keras_base = _keras_base(sharded)
     rank, size = sharded._tfdist_rank, sharded._tfdist_size
-    gather = sharded._tfdist_gather
 
     def _tfdist_reduce_grads(self, grads, variables):
         # keras_grad_reduction asks before Keras's apply: nothing is reduced there.
@@ -73,17 +73,7 @@ def gradients_class(sharded: type, engine) -> type:
     def _clip_gradients(self, grads):
         # The engine's all-reduce (a DistributedOptimizer's _clip_gradients) is skipped:
         # these are the owned sums.
-        if not ((self.global_clipnorm or 0) > 0 and not (self.clipnorm or 0) > 0):
-            return keras_base._clip_gradients(self, grads)
-        step = self._tfdist_step
-
-        def all_sum(x):
-            with _after(step["last"]):
-                step["last"] = total = engine.all_sum(x)
-            return total
-
-        return scatter_lib.clip_by_global_norm(grads, [rank] * len(grads), rank,
-                                               self.global_clipnorm, all_sum)
+        return _clip(self, keras_base, engine, grads, [rank] * len(grads), rank)
 
     def _backend_increment_gradient_accumulators(self, grads, acc_grads):
         # Each worker's own plain variables (`optimizer._outside_strategy`): Keras's
@@ -92,16 +82,15 @@ def gradients_class(sharded: type, engine) -> type:
             acc.assign_add(g)
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if trainable_variables:  # all owned
-            keras_base._backend_update_step(self, grads, trainable_variables, learning_rate)
+        # Keras passes the owned variables only: the optimizer-level step (owned updates,
+        # then the gather) gets every variable, None for the gradients of the others.
         step = self._tfdist_step
-        keep = getattr(gather, "keep", None)
+        index = {id(v): i for i, v in enumerate(step["variables"])}
+        every = [None] * len(step["variables"])
+        for g, v in zip(grads, trainable_variables):
+            every[index[id(v)]] = g
         with _after(step["last"]):
-            if keep is not None and grads:
-                gather(step["variables"], step["owners"], rank,
-                       after=keep(scatter_lib.tensors_of(grads)))
-            else:
-                gather(step["variables"], step["owners"], rank)
+            sharded._backend_update_step(self, every, step["variables"], learning_rate)
 
     return type(sharded.__name__, (sharded,), {
         "_tfdist_reduce_grads": _tfdist_reduce_grads,
@@ -146,16 +135,7 @@ def scattered_class(sharded: type, engine) -> type:
         step = self._tfdist_step
         grads, step["last"] = scatter_lib.owned_sums(engine, list(grads), step["owners"],
                                                      rank, size)
-        if not ((self.global_clipnorm or 0) > 0 and not (self.clipnorm or 0) > 0):
-            return keras_base._clip_gradients(self, grads)
-
-        def all_sum(x):
-            with _after(step["last"]):
-                step["last"] = total = engine.all_sum(x)
-            return total
-
-        return scatter_lib.clip_by_global_norm(grads, step["owners"], rank,
-                                               self.global_clipnorm, all_sum)
+        return _clip(self, keras_base, engine, grads, step["owners"], rank)
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         with _after(self._tfdist_step["last"]):
@@ -170,6 +150,22 @@ def scattered_class(sharded: type, engine) -> type:
         "__doc__": f"{sharded.__name__} whose optimizer state is split across workers, its "
                    "gradients reduce-scattered onto their owners.",
     })
+
+
+def _clip(optimizer, keras_base, engine, grads, owners, rank: int) -> list:
+    """Keras's clipping of the owned sums; by global norm, the norm summed over the
+    workers by one scalar all-reduce that waits for the step's last collective."""
+    if not ((optimizer.global_clipnorm or 0) > 0 and not (optimizer.clipnorm or 0) > 0):
+        return keras_base._clip_gradients(optimizer, grads)
+    step = optimizer._tfdist_step
+
+    def all_sum(x):
+        with _after(step["last"]):
+            step["last"] = total = engine.all_sum(x)
+        return total
+
+    return scatter_lib.clip_by_global_norm(grads, owners, rank, optimizer.global_clipnorm,
+                                           all_sum)
 
 
 def _set_step(optimizer, step: dict) -> None:

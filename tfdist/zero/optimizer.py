@@ -65,8 +65,8 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         # dense gradient here is local, and is not used: it is left as it is).
         from tfdist.compat import tf_all_to_all
 
-        return scatter_lib.clip_by_global_norm(grads, self._tfdist_applying, rank, self.global_clipnorm,
-                                   tf_all_to_all.all_reduce_sum)
+        return scatter_lib.clip_by_global_norm(grads, self._tfdist_applying, rank,
+                                               self.global_clipnorm, tf_all_to_all.all_reduce_sum)
 
     def build(self, variables):
         sizes = [variable_bytes(v) for v in variables]
@@ -132,7 +132,6 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         "_tfdist_sharded": True,
         "_tfdist_rank": rank,
         "_tfdist_size": size,
-        "_tfdist_gather": gather,
         "_tfdist_whole_slots": (ACCUMULATOR,),  # local gradients: whole everywhere
         "_tfdist_shard_level": "optimizer",
     })

@@ -44,13 +44,7 @@ class LauncherScatter:
     context alike (one replica per worker). Sums: the loss is already divided by
     the replicas. Hashable: a sharded optimizer's class attribute."""
 
-    mean = False
     densify_sparse = False
-
-    def size(self) -> int:
-        from tfdist.compat import tf_all_to_all
-
-        return tf_all_to_all.group_size()
 
     def rows(self, sent, name: str):
         """This rank's row of `sent` ([n, width]) summed over workers."""
@@ -93,7 +87,8 @@ class ReplicaScatter:
             for i, g in zip(sparse, ctx.all_reduce(tf.distribute.ReduceOp.SUM,
                                                    [grads[i] for i in sparse])):
                 out[i] = g
-        dense = [None if i in set(sparse) else g for i, g in enumerate(grads)]
+        taken = set(sparse)
+        dense = [None if i in taken else g for i, g in enumerate(grads)]
         summed, _ = owned_sums(LauncherScatter(), dense, owners, rank,
                                ctx.num_replicas_in_sync)
         return [s if s is not None else g for s, g in zip(summed, out)]
@@ -110,11 +105,12 @@ def owned_sums(engine, grads, owners, rank: int, n: int, after=None) -> tuple[li
     scattered where the engine has no sparse reduction (`densify_sparse`).
 
     Args:
-        engine: The engine's collectives: `rows(sent, name)` (this rank's row of
-            `sent`, [n, width], reduced) or `parts(pieces, rank, name)` (this rank's
-            piece of the flat `pieces`, one per rank or None, reduced), `sparse(grads)`, `mean` (averages or
-            sums), `densify_sparse`, and optionally `keep(tensors)` (a stateful op
-            reading them: Horovod prunes an unused collective while its peers wait).
+        engine: The engine's collectives, each summing or averaging as its losses
+            need: `rows(sent, name)` (this rank's row of `sent`, [n, width],
+            reduced) or `parts(pieces, rank, name)` (this rank's piece of the flat
+            `pieces`, one per rank or None, reduced); `densify_sparse`, else
+            `sparse(grads)`; and optionally `keep(tensors)` (a stateful op reading
+            them: Horovod prunes an unused collective while its peers wait).
         grads: This worker's gradients, one per trainable variable (or None).
         owners: Each variable's rank.
         rank: This worker's rank.
