@@ -22,7 +22,7 @@ from typing import Callable
 
 from tfdist import compression as compression_lib
 from tfdist.compat import horovod_keras
-from tfdist.zero.optimizer import is_shard_slot
+from tfdist.zero.optimizer import is_per_worker, is_shard_slot
 
 
 @functools.cache
@@ -155,14 +155,15 @@ def state_variables(model, optimizer=None) -> list:
     The optimizer (`model.optimizer` when None) is built on the model's
     trainable variables first if it is not, so that its slots (momentum,
     iterations) exist on every process and go too. Same order everywhere.
-    A sharded optimizer's slots (`tfdist.zero`) are each worker's own and stay.
+    A sharded optimizer's slots, and a split model's rows (`tfdist.zero`), are each
+    worker's own and stay.
     """
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-    variables = list(model.variables)
+    variables = [v for v in model.variables if not is_per_worker(v)]
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        variables += [v for v in optimizer.variables if not is_shard_slot(v)]
+        variables += [v for v in optimizer.variables if not is_per_worker(v)]
     return variables
 
 

@@ -177,6 +177,19 @@ class BackupStore:
             meta: What identifies the run (recipe, global_batch_size, ...) and
                 what ran it (strategy, num_replicas), recorded as given.
         """
+        # --shard parameters: a split variable is written whole, gathered by the chief one
+        # at a time while the others serve its requests (`zero.parameters.Split`).
+        model_vars, optimizer_vars, split, served = _whole(model_vars, optimizer_vars)
+        if split is not None and not self.writer.is_chief:
+            split.serve(served)
+            return None
+        try:
+            return self._save(state, model_vars, optimizer_vars, meta)
+        finally:
+            if split is not None:
+                split.done()
+
+    def _save(self, state: TrainState, model_vars, optimizer_vars, meta: dict) -> str | None:
         shared = [v for v in optimizer_vars if not is_shard_slot(v)]
         if self.shard is not None:  # every worker writes the slots it owns, the chief the rest
             self._save_part(self.path_for(state.global_step),
@@ -390,6 +403,8 @@ class BackupStore:
         if paths and not enabled:
             self.writer.remove(self.directory)
             return None, paths[-1]
+        # --shard parameters: a split variable matches and reads a whole one, keeping its rows.
+        model_vars, optimizer_vars, _, _ = _whole(model_vars, optimizer_vars)
         self.skipped = []
         for path in reversed(paths):
             try:
@@ -485,6 +500,16 @@ class _Arrays(Mapping):
 
     def __len__(self):
         return len(self.keys_)
+
+
+def _whole(model_vars, optimizer_vars):
+    """(model_vars, optimizer_vars) with each split variable seen whole
+    (`zero.parameters.whole_view`), the model's `Split` or None, and the split ones."""
+    from tfdist.zero import parameters
+
+    model_vars, optimizer_vars = list(model_vars), list(optimizer_vars)
+    every, split, served = parameters.whole_view(model_vars + optimizer_vars)
+    return every[:len(model_vars)], every[len(model_vars):], split, served
 
 
 def _size(variable) -> int:

@@ -125,7 +125,10 @@ class Distributed:
             ConfigError: when the strategy cannot split this model (one line
                 naming the layer and what to do).
         """
-        return self.hooks.transform_model(model, global_batch_size=global_batch_size)
+        model = self.hooks.transform_model(model, global_batch_size=global_batch_size)
+        if model.built:  # --shard parameters: each worker keeps its rows from here on
+            self.hooks.split_model(model)
+        return model
 
     def compile_kwargs(self) -> dict:
         """Extra `model.compile` arguments the strategy needs (shm: no XLA)."""
@@ -178,7 +181,8 @@ def setup(strategy: str = "auto", **options) -> Distributed:
             says what each means): every field of `tfdist.strategies.StrategyOptions`
             (`devices`: local replicas, GPUs or the CPU split into this many;
             `collective`, `collective_timeout_s`, `startup_timeout_s`,
-            `grad_compression`, `bucket_mb`, `shard` ("optimizer", "gradients": `tfdist.zero`),
+            `grad_compression`, `bucket_mb`, `shard` ("optimizer", "gradients",
+            "parameters": `tfdist.zero`),
             `microbatches`, `schedule` (with "auto": pass `global_batch_size` to
             `model()`), `virtual_stages`, `balance`, `placement`, `stages`, `tensor_parallel`, `ps_shards`,
             `min_shard_bytes`), and `threads`, `inter_op_threads`, `tf_logs` (show

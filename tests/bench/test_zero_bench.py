@@ -17,6 +17,13 @@ def test_expected_saving_is_the_state_the_most_loaded_worker_does_not_own():
     assert zero.expected_saving([20, 2, 2], 2, [10, 1, 1]) == 6
 
 
+def test_parameters_saving_is_all_but_each_padded_share_of_rows():
+    # 8 rows on 4 workers: 2 each, 3/4 of state, gradient and weight saved.
+    assert zero.parameters_saving([16], [8], [8], 4) == 24
+    # 5 rows on 4 workers: 2 each (padded), so 3/5 of them saved; 1 row: none saved.
+    assert zero.parameters_saving([10, 4], [5, 2], [5, 1], 4) == 12
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"strategies": "ps"}, "--strategies takes multi_worker, shm, horovod. Received: 'ps'"),
     ({"workers": 1}, "-n >= 2"),
@@ -32,14 +39,19 @@ def test_bad_flags_are_refused_before_anything_runs(kw, message):
 def _result():
     peaks = {"none": [3000 * MIB] * 2, "optimizer": [1700 * MIB] * 2,
              "gradients": [1500 * MIB] * 2}
-    row = {"strategy": "shm", "peak_bytes": peaks,
+    row = {"strategy": "multi_worker", "peak_bytes": peaks,
            "saved_over_expected": {"optimizer": 3.4, "gradients": 1.25},
            "step_s": {"none": 4.0, "optimizer": 2.0, "gradients": 2.1},
            "step_ratio": {"optimizer": 0.5, "gradients": 0.525}}
+    shm = {"strategy": "shm", "peak_bytes": {**peaks, "parameters": [900 * MIB] * 2},
+           "saved_over_expected": {**row["saved_over_expected"], "parameters": 0.93},
+           "step_s": {**row["step_s"], "parameters": 2.6},
+           "step_ratio": {**row["step_ratio"], "parameters": 0.65}}
     return {"model": "m", "workers": 2, "levels": list(zero.LEVELS), "state_bytes": 514 * MIB,
             "weight_bytes": 257 * MIB,
-            "expected_saving_bytes": {"optimizer": 257 * MIB, "gradients": 385 * MIB},
-            "rows": [row, {**row, "strategy": "multi_worker"}],
+            "expected_saving_bytes": {"optimizer": 257 * MIB, "gradients": 385 * MIB,
+                                      "parameters": 514 * MIB},
+            "rows": [shm, row],
             "goals": {"saved_over_expected": 0.8, "step_ratio": 1.1,
                       "gradients_over_optimizer_step": 1.05}}
 
@@ -50,6 +62,8 @@ def test_table_and_plot_show_every_strategy():
     text = zero.table(_result())
     assert "shm" in text and "multi_worker" in text and "3.40" in text and "0.50" in text
     assert "gradients" in text and "1.25" in text and "0.53" in text
+    assert "parameters" in text and "0.93" in text and "0.65" in text
+    assert text.count("parameters") == 2  # shm's row, and the header; multi_worker has none
     fig = Figure()
     zero.plot(_result(), fig)
     assert len(fig.axes) == 2

@@ -42,21 +42,26 @@ assert CLIPPED in MATRIX_JOBS["single"][1][-1], MATRIX_JOBS["single"]
 # Slots per weight byte: SGD's momentum; Adam's and AdamW's two moments; RMSprop's
 # velocity (no momentum: its default).
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
-# (strategy, workers, --shard level): each engine at both levels, each level at 2 and
-# 4 workers. At "gradients" a worker also keeps only its accumulators.
-JOBS = {("shm", 2, "optimizer"), ("shm", 4, "gradients"), ("multi_worker", 2, "gradients"),
-        ("multi_worker", 4, "optimizer")}
+# (strategy, workers, --shard levels): each engine at each level it offers, each level
+# at 2 and 4 workers (Horovod's in test_zero_horovod). At "gradients" a worker also
+# keeps only its accumulators; at "parameters" only its rows of every weight (the
+# 4-worker shm job trains both levels in turn: one start-up).
+LAUNCHED = {("shm", 2, "optimizer"), ("shm", 4, "gradients,parameters"),
+            ("multi_worker", 2, "gradients"), ("multi_worker", 4, "optimizer")}
+JOBS = {(strategy, n, level) for strategy, n, levels in LAUNCHED
+        for level in levels.split(",")}
 # Whole-weight optimizers, trained where a 2-worker job has them: every owner holds
 # whole variables, so their updates are one replica's.
 WHOLE_WEIGHT = {("multi_worker", 2, "gradients"): ("lamb", "adafactor")}
 
 
-def _command(out, strategy, n, level):
+def _command(out, strategy, n, levels):
+    level = levels.split(",")[0]
     optimizers = OPTIMIZERS + WHOLE_WEIGHT.get((strategy, n, level), ())
     args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(optimizers)]
     # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several.
     chunks = ["--gather-chunk-elements", "100"] if strategy == "multi_worker" else []
-    shard = ["--shard-optimizer-state"] if level == "optimizer" else ["--shard", level]
+    shard = ["--shard-optimizer-state"] if levels == "optimizer" else ["--shard", levels]
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
             "--variants", VARIANTS, *shard, *chunks]
 
@@ -69,15 +74,20 @@ def runs(tmp_path_factory, shared_run):
     from concurrent.futures import ThreadPoolExecutor
 
     tmp = tmp_path_factory.mktemp("zero")
-    jobs = sorted(JOBS)
-    outs = {job: str(tmp / "-".join(map(str, job))) for job in jobs}
+    launched = sorted(LAUNCHED)
+    outs = {job: str(tmp / "-".join(map(str, job[:2]))) for job in launched}
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(shared_run, single_reference)
-        procs = run_py_many([_command(outs[job], *job) for job in jobs], parallel=2, timeout=500)
+        procs = run_py_many([_command(outs[job], *job) for job in launched], parallel=2,
+                            timeout=500)
         found = {("single", 0, "none"): reference.result()}
-    for job, proc in zip(jobs, procs):
+    for job, proc in zip(launched, procs):
         assert proc.returncode == 0, (job, tail(proc))
-    return {**found, **{job: _load(outs[job]) for job in jobs}}
+    for strategy, n, levels in launched:
+        for level in levels.split(","):
+            out = outs[(strategy, n, levels)]
+            found[(strategy, n, level)] = _load(out if "," not in levels else f"{out}-{level}")
+    return found
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
@@ -104,6 +114,8 @@ def test_sharded_workers_equal_one_replica(runs, job):
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_each_worker_holds_its_share_of_the_state(runs, job):
     n, level = job[1], job[2]
+    if level == "parameters":
+        return _assert_each_holds_its_rows(runs[job], n)
     for optimizer in OPTIMIZERS:
         states = [json.loads(w[f"state:dense+attention-{optimizer}"]) for w in runs[job].values()]
         assert {s["level"] for s in states} == {level}, states
@@ -119,6 +131,22 @@ def test_each_worker_holds_its_share_of_the_state(runs, job):
     per_weight = 3 if level == "gradients" else 2
     slots = [s["slot_bytes"] for s in states]
     assert sum(slots) == per_weight * states[0]["weight_bytes"], (level, slots)
+
+
+def _assert_each_holds_its_rows(workers, n):
+    """At "parameters": each worker holds its rows of every weight (together exactly
+    the whole, besides the zero rows padding each share to ceil(rows / n)), no worker
+    more than 1.1x the mean, and its slots and accumulators are of its rows only."""
+    for row, per_weight in [(f"dense+attention-{o}", SLOTS_PER_WEIGHT[o]) for o in OPTIMIZERS
+                            ] + [("attention-adam-acc2", 3)]:
+        states = [json.loads(w[f"state:{row}"]) for w in workers.values()]
+        assert {s["level"] for s in states} == {"parameters"}, states
+        held = [s["held_bytes"] for s in states]
+        whole = states[0]["weight_bytes"]
+        assert sum(held) - sum(s["padding_bytes"] for s in states) == whole, (row, states)
+        assert max(held) <= 1.1 * sum(held) / n, (row, held)
+        for s in states:
+            assert s["slot_bytes"] == per_weight * s["held_bytes"], (row, s)
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
@@ -146,8 +174,11 @@ def test_the_reference_moved_every_weight(runs):
 
 # Backups: 2 shm workers at --shard gradients train 2 epochs of digits_mlp under Adam
 # (14 steps each, backups every 4 steps and at epoch ends); copies of their model dir
-# then run to 4 epochs on 1 unsharded process and on 4 workers at --shard optimizer,
-# and must end with the weights of one uninterrupted single-replica run.
+# then run to 4 epochs on 1 unsharded process and on 4 workers at --shard parameters
+# (each keeping its rows of the whole weights and slots it reads), and must end with
+# the weights of one uninterrupted single-replica run; the 4 workers' own last backup
+# (written whole, each weight gathered by the chief in turn) and their model.keras
+# (loaded by Keras alone) hold those weights too.
 DUMP = os.path.join(WORKERS, "train_dump.py")
 BACKUP_RUN = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size", "96",
               "--optimizer", "adam", "--learning-rate", "0.01", "--verbose", "0",
@@ -164,7 +195,7 @@ def _train(tmp, name, n, strategy, epochs, model_dir, level):
 
 
 def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path):
-    from tests.weights import dump_dir_weights
+    from tests.weights import dump_dir_weights, keras_file_weights
 
     first = str(tmp_path / "first")
     procs = run_py_many([_train(tmp_path, "baseline", 1, "single", 4,
@@ -183,7 +214,8 @@ def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path)
     for copy in (one, four):
         shutil.copytree(first, copy)
     procs = run_py_many([_train(tmp_path, "one", 1, "single", 4, one, "none"),
-                         _train(tmp_path, "four", 4, "shm", 4, four, "optimizer")], timeout=400)
+                         _train(tmp_path, "four", 4, "shm", 4, four, "parameters")],
+                        timeout=400)
     baseline = dump_dir_weights(str(tmp_path / "dump-baseline"))[0]
     for name, proc, workers in (("one", procs[0], 1), ("four", procs[1], 4)):
         assert proc.returncode == 0, tail(proc)
@@ -196,7 +228,25 @@ def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path)
                 np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)
     # The sharded run's model.keras is whole and loads: its optimizer group keeps the
     # shared scalars only (no worker's share of the slots), so Keras skips it, saying so.
-    _assert_loads_without_optimizer_state(os.path.join(four, "model.keras"))
+    _assert_loads_without_optimizer_state(os.path.join(first, "model.keras"))
+    # At --shard parameters: the last backup is whole (one replica's format, no part
+    # files), its weights and Adam's moments of full shape; model.keras is the weights.
+    names = sorted(os.listdir(os.path.join(four, "backup")))
+    last = os.path.join(four, "backup", "ckpt-0000000056.npz")
+    assert os.path.basename(last) in names and f"{os.path.basename(last)}.slots-0-of-4" \
+        not in names, names
+    with np.load(last) as npz:
+        record = json.loads(npz["meta"].tobytes().decode())
+        for i, want in enumerate(baseline):
+            np.testing.assert_allclose(npz[f"model_{i}"], want, rtol=RTOL, atol=ATOL)
+        moments = [npz[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])
+                   if "momentum" in sig[0] or "velocity" in sig[0]]
+    assert [m.shape for m in moments] == [w.shape for w in baseline for _ in (0, 1)] or \
+        sorted(m.shape for m in moments) == sorted(w.shape for w in baseline for _ in (0, 1))
+    saved = keras_file_weights(os.path.join(four, "model.keras"))
+    assert len(saved) == len(baseline)  # no optimizer group: the model alone
+    for a, b in zip(saved, baseline):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
 LOAD = """

@@ -1,5 +1,8 @@
 """Sharding under Horovod: 2 Gloo ranks at `--shard gradients`, each holding half the
-optimizer state, reduced gradients and accumulators, end with one replica's weights.
+optimizer state, reduced gradients and accumulators, and at `--shard parameters`,
+each holding its rows of every weight (`hvd.allgather` before a layer runs, again in
+its backward pass, and `hvd.reducescatter` of its gradients), end with one
+replica's weights (one horovodrun trains both levels in turn).
 
 The same cells as tests/integration/test_zero.py (dense and Embedding +
 attention models, SGD + momentum, Adam, AdamW and RMSprop, Adam with 2
@@ -41,15 +44,17 @@ def horovod(tmp_path_factory, venv):
                               cwd=REPO, env=clean_env(PYTHONPATH=REPO))
     ranks = horovodrun(venv, 2, "gloo", [WORKER, "horovod", str(tmp / "ranks"), *common,
                                                  "--variants", VARIANTS,
-                                                 "--shard", "gradients"], timeout=450)
+                                                 "--shard", "gradients,parameters"],
+                       timeout=450)
     out, err = single.communicate(timeout=450)
     assert single.returncode == 0, (out + err)[-3000:]
     assert ranks.returncode == 0, tail(ranks)
-    return _load(str(tmp / "single"))["worker0"], _load(str(tmp / "ranks"))
+    return (_load(str(tmp / "single"))["worker0"], _load(str(tmp / "ranks-gradients")),
+            _load(str(tmp / "ranks-parameters")))
 
 
 def test_sharded_horovod_ranks_equal_one_replica_and_hold_half_the_state(horovod):
-    reference, workers = horovod
+    reference, workers, _ = horovod
     assert len(workers) == 2
     cells = workers["worker0"]
     for model in MODELS.split(","):
@@ -72,6 +77,21 @@ def test_sharded_horovod_ranks_equal_one_replica_and_hold_half_the_state(horovod
         total = SLOTS_PER_WEIGHT[optimizer] * states[0]["weight_bytes"]
         assert sum(slots) == total and min(slots) > 0, (optimizer, slots, total)
         assert max(slots) <= total / 2 + SLOTS_PER_WEIGHT[optimizer] * states[0]["largest"]
+
+
+def test_horovod_ranks_holding_rows_of_every_weight_equal_one_replica(horovod):
+    from tests.integration.test_zero import _assert_each_holds_its_rows
+
+    reference, _, workers = horovod
+    assert len(workers) == 2
+    cells = workers["worker0"]
+    for cell in [f"{m}-{o}" for m in MODELS.split(",") for o in OPTIMIZERS] + [
+            "attention-adam-acc2", CLIPPED.replace(":", "-")]:
+        want = reference[cell.replace("-acc2", "")]
+        _assert_equal_weights(cells[cell], want, cell=f"horovod parameters {cell}")
+    for worker in workers.values():
+        assert json.loads(worker["state:attention-sgd-clip"])["scattered"] is True
+    _assert_each_holds_its_rows(workers, 2)
 
 
 def test_a_sharded_horovod_backup_resumes_on_one_replica_unsharded(venv, tmp_path):

@@ -136,6 +136,10 @@ def test_collectives_match_numpy(tmp_path, size):
         want = 0 if r == 1 else sum(x["f32_big"].reshape(-1)[:3000 * (r + 1)] for x in xs)
         assert got["rs_uneven"].shape == ((0,) if r == 1 else (3000 * (r + 1),))
         np.testing.assert_allclose(got["rs_uneven"], want, rtol=1e-6, atol=1e-6)
+        # all_gather: rank q's part (its f32_big[:2500] + q) at [q*2500, (q+1)*2500).
+        np.testing.assert_array_equal(
+            got["ag"], np.concatenate([x["f32_big"].reshape(-1)[:2500] + q
+                                       for q, x in enumerate(xs)]))
     # rank 0 unlinks the segment's name once everyone attached: nothing left behind.
     assert _segments(procs) == set()
 

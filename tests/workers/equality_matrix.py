@@ -27,7 +27,8 @@ weights), or {model}-{optimizer}.refused with the text of the strategy's
 refusal; {model}.init with each model's initial weights; and, for a split
 model, split.layers naming each layer's class (tensor-parallel or plain); and
 state_{models}-{optimizer}[-{what}].state with the row's optimizer-state bytes
-(`save_state_bytes`).
+(`save_state_bytes`). `--shard A,B` trains every cell at each level in turn (one
+start-up), level A's into OUT_DIR-A, B's into OUT_DIR-B.
 """
 
 from __future__ import annotations
@@ -137,10 +138,15 @@ def save_towers(model, kinds, stem):
         from tfdist.model_parallel import surgery
 
         model = surgery.gather_model(model.unsplit())
+    from tfdist.zero import parameters
+
+    # --shard parameters: every worker gathers each split weight whole (all in one order).
+    values = {v.path: (v.numpy() if parameters.rows_of(v) is None
+                       else v._tfdist_split.gather(v)) for v in model.weights}
     for kind in kinds:
         prefix = f"{kind}_"
-        np.savez(stem.format(kind=kind), **{v.path[len(prefix):]: v.numpy()
-                                            for v in model.weights if v.path.startswith(prefix)})
+        np.savez(stem.format(kind=kind), **{p[len(prefix):]: value
+                                            for p, value in values.items() if p.startswith(prefix)})
 
 
 def main(argv=None):
@@ -157,7 +163,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--bucket-mb", type=float, default=None)
     parser.add_argument("--shard-optimizer-state", action="store_true")
-    parser.add_argument("--shard", default=None, help="none, optimizer or gradients")
+    parser.add_argument("--shard", default=None,
+                        help="none, optimizer, gradients or parameters, or several (A,B)")
     parser.add_argument("--gather-chunk-elements", type=int, default=0,
                         help="multi_worker sharding: all_gather pieces this small (0: as is)")
     args = parser.parse_args(argv)
@@ -173,7 +180,7 @@ def main(argv=None):
                         tensor_parallel=args.tensor_parallel,
                         **({} if args.bucket_mb is None else {"bucket_mb": args.bucket_mb}),
                         **({"shard_optimizer_state": True} if args.shard_optimizer_state else {}),
-                        **({"shard": args.shard} if args.shard else {}))
+                        **({"shard": args.shard.split(",")[0]} if args.shard else {}))
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
@@ -182,18 +189,23 @@ def main(argv=None):
     cells = [(tuple(kinds), o, "") for o in args.optimizers.split(",")]
     cells += [((k,), o, what) for k, o, what in (v.split(":") for v in args.variants.split(",")
                                                 if v)]
-    out = os.path.join(args.out_dir, f"worker{dist.rank}")
-    os.makedirs(out, exist_ok=True)
-    start = build_model(kinds)  # the start, to show that training moved every weight
-    for kind in kinds:
-        with open(os.path.join(out, f"{kind}.init"), "wb") as f:
-            np.savez(f, **{v.path[len(kind) + 1:]: v.numpy() for v in start.weights
-                           if v.path.startswith(f"{kind}_")})
-    for row, name, what in cells:
-        stem = os.path.join(out, "-".join(p for p in ("{kind}", name, what) if p) + ".npz")
-        with variant(dist, what):
-            train_cell(dist, row, name, args.steps, 2 if what == "acc2" else 1, stem,
-                       CLIP if what == "clip" else None)
+    levels = args.shard.split(",") if args.shard else [None]
+    for level in levels:
+        if level is not None:
+            dist.hooks.shard = level  # the hooks read it when they wrap and split
+        out_dir = args.out_dir if len(levels) == 1 else f"{args.out_dir}-{level}"
+        out = os.path.join(out_dir, f"worker{dist.rank}")
+        os.makedirs(out, exist_ok=True)
+        start = build_model(kinds)  # the start, to show that training moved every weight
+        for kind in kinds:
+            with open(os.path.join(out, f"{kind}.init"), "wb") as f:
+                np.savez(f, **{v.path[len(kind) + 1:]: v.numpy() for v in start.weights
+                               if v.path.startswith(f"{kind}_")})
+        for row, name, what in cells:
+            stem = os.path.join(out, "-".join(p for p in ("{kind}", name, what) if p) + ".npz")
+            with variant(dist, what):
+                train_cell(dist, row, name, args.steps, 2 if what == "acc2" else 1, stem,
+                           CLIP if what == "clip" else None)
     print(f"MATRIX DONE {dist.name} rank {dist.rank} cells {len(cells)}", flush=True)
 
 
@@ -231,18 +243,37 @@ def save_state_bytes(model, path):
     (JSON), to show how a sharded optimizer split its state."""
     import json
 
-    from tfdist.zero.optimizer import is_shard_slot, variable_bytes
+    from tfdist.zero import parameters
+    from tfdist.zero.optimizer import is_per_worker, variable_bytes
 
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
     sizes = [variable_bytes(v) for v in model.trainable_variables]
+    whole = [int(np.prod(parameters.full_shape(v))) * np.dtype(v.dtype).itemsize
+             for v in model.trainable_variables]
     with open(path, "w") as f:
+        # At --shard parameters a worker's weights (`held_bytes`) are its rows; slots
+        # and accumulators of them are its own (per worker) too.
         json.dump({"slot_bytes": sum(variable_bytes(v) for v in optimizer.variables
-                                     if is_shard_slot(v)),
-                   "weight_bytes": sum(sizes), "largest": max(sizes),
+                                     if is_per_worker(v)),
+                   "weight_bytes": sum(whole), "largest": max(whole),
+                   "held_bytes": sum(sizes),
+                   "padding_bytes": sum(_padding(v) for v in model.trainable_variables),
                    # whether the gradients were summed onto their owners (tfdist.zero.scatter)
                    "scattered": bool(getattr(optimizer, "_tfdist_partial", False)
                                      or getattr(optimizer, "_tfdist_scatters", False)),
                    "level": getattr(optimizer, "_tfdist_shard_level", "none")}, f)
+
+
+def _padding(variable) -> int:
+    """Bytes of the zero rows padding this worker's share of a split variable."""
+    from tfdist.zero import parameters
+    from tfdist.zero.optimizer import variable_bytes
+
+    rows = parameters.rows_of(variable)
+    if rows is None:
+        return 0
+    start, stop, per, _ = rows
+    return variable_bytes(variable) // per * (per - (stop - start))
 
 
 @contextlib.contextmanager

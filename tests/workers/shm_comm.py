@@ -144,6 +144,8 @@ def main():
             uneven = [None if q == 1 else x["f32_big"].reshape(-1)[:3000 * (q + 1)]
                       for q in range(size)]
             x["rs_uneven"] = comm.reduce_scatter(uneven)
+            # all_gather: every rank's part (several 4 KiB blocks), in rank order.
+            x["ag"] = comm.all_gather(x["f32_big"].reshape(-1)[:2500] + rank)
             unchanged = all(np.array_equal(before[k], x[k]) for k in names)
             result = {"unchanged": np.array(unchanged)}
             for k, t, m, b in zip(names, total, mean, bcast):
@@ -151,6 +153,7 @@ def main():
             for k in rows:
                 result[f"rs_{k}"], result[f"rsm_{k}"] = x[f"rs_{k}"], x[f"rsm_{k}"]
             result["rs_uneven"] = x["rs_uneven"]
+            result["ag"] = x["ag"]
             np.savez(os.path.join(out, f"rank{rank}.npz"), **result)
         elif scenario == "barrier":
             comm.barrier()

@@ -96,7 +96,11 @@ def main():
 
     unsplit = getattr(result.model, "unsplit", None)
     plain = surgery.gather_model(unsplit()) if unsplit else result.model
-    arrays = {f"w{i}": w for i, w in enumerate(plain.get_weights())}
+    from tfdist.zero import parameters
+
+    # --shard parameters: each split weight gathered whole (every worker, in one order).
+    arrays = {f"w{i}": (v.numpy() if parameters.rows_of(v) is None
+                        else v._tfdist_split.gather(v)) for i, v in enumerate(plain.weights)}
     np.savez(os.path.join(dump_dir, f"worker{result.cluster.worker_index}.npz"),
              predictions=preds, eval_loss=ev["loss"], eval_accuracy=accuracy,
              num_replicas=result.strategy.num_replicas_in_sync, hostname=socket.gethostname(),

@@ -2,12 +2,14 @@
 
 For each strategy, side by side in one run and alternated `--repeats` times:
 N workers training the same model at each level of `--levels` (none,
-optimizer, gradients). Per worker: the peak resident memory up to the end of
+optimizer, gradients, parameters; multi_worker has no "parameters"). Per worker: the peak resident memory up to the end of
 the last training step (VmHWM, `tfdist.bench.memory`), and the run's median
 steady step. Each level's saving is compared with what it removes from the
 most loaded worker (`tfdist.zero.partition`): at "optimizer" the optimizer
 state of the variables it does not own, at "gradients" that and one copy of
-their gradients (the reduced gradients it no longer receives). #41's goal:
+their gradients (the reduced gradients it no longer receives), at
+"parameters" those and the weights of other workers' rows
+(`parameters_saving`). #41's goal:
 at least 0.8 of that, the step within 10% of the unsharded one; #51's:
 "gradients" within 1.05x of "optimizer".
 """
@@ -21,8 +23,8 @@ from tfdist.bench import memory, runs
 from tfdist.bench.pipeline_processes import COMMON, _run
 from tfdist.zero.partition import LEVELS
 
-DESCRIPTION = ("state sharded across workers (ZeRO-1, ZeRO-2): per-worker peak memory and "
-               "step time at each --shard level")
+DESCRIPTION = ("state sharded across workers (ZeRO-1, ZeRO-2, ZeRO-3): per-worker peak memory "
+               "and step time at each --shard level")
 # 4 Dense 4096x4096 (and the 64-input first layer): 0.27 GB of weights, 0.54 GB of Adam state.
 MODEL = ("model_parallel_mlp --hidden-layers 5 --hidden-units 4096 --optimizer adam "
          "--global-batch-size 64")
@@ -74,6 +76,32 @@ def expected_saving(state_bytes: list[int], n: int, grad_bytes: list[int] | None
     return sum(state_bytes) + sum(grad_bytes) - max(kept)
 
 
+def parameters_saving(state_bytes: list[int], weight_bytes: list[int], rows: list[int],
+                      n: int) -> int:
+    """Pure function: the bytes a worker no longer holds at "parameters": of each variable
+    (its state, one gradient and the weight itself) all but its padded share of rows,
+    ceil(rows / n) (`partition.row_share`).
+
+    Args:
+        state_bytes: Each trainable variable's optimizer-state bytes.
+        weight_bytes: Each variable's bytes.
+        rows: Each variable's first dimension.
+        n: Workers.
+    """
+    from tfdist.zero.partition import row_share
+
+    out = 0
+    for state, weight, r in zip(state_bytes, weight_bytes, rows):
+        per = row_share(r, n, 0)[2]
+        out += round((state + 2 * weight) * (1 - per / max(r, 1)))
+    return out
+
+
+def _levels_of(strategy: str, levels: list[str]) -> list[str]:
+    """The levels `strategy` offers (multi_worker: no "parameters")."""
+    return [v for v in levels if not (strategy == "multi_worker" and v == "parameters")]
+
+
 def _state_bytes(model_text: str) -> tuple[list[int], list[int]]:
     """Each trainable variable's optimizer-state bytes (slots per weight x its bytes), and
     its bytes."""
@@ -89,15 +117,16 @@ def _state_bytes(model_text: str) -> tuple[list[int], list[int]]:
     from tfdist.zero.optimizer import variable_bytes
 
     sizes = [variable_bytes(v) for v in model.trainable_variables]
-    return [per * b for b in sizes], sizes
+    rows = [int(v.shape[0]) if len(v.shape) else 1 for v in model.trainable_variables]
+    return [per * b for b in sizes], sizes, rows
 
 
 def _levels(text: str) -> list[str]:
     levels = [v for v in text.split(",") if v]
     if not levels or levels[0] != "none" or len(set(levels)) != len(levels) or any(
             v not in LEVELS for v in levels):
-        raise SystemExit(f"error: --levels takes none first, then any of optimizer, "
-                         f"gradients, each once. Received: {text!r}.")
+        raise SystemExit(f"error: --levels takes none first, then any of "
+                         f"{', '.join(LEVELS[1:])}, each once. Received: {text!r}.")
     return levels
 
 
@@ -116,15 +145,16 @@ def run(args) -> dict:
         if venv is None:
             raise SystemExit("error: --strategies horovod needs the Horovod venv. HINT: run "
                              "scripts/install_horovod.sh, or pass --venv.")
-    state, weights = _state_bytes(args.model)
+    state, weights, rows_of = _state_bytes(args.model)
     expected = {"optimizer": expected_saving(state, args.workers),
-                "gradients": expected_saving(state, args.workers, weights)}
+                "gradients": expected_saving(state, args.workers, weights),
+                "parameters": parameters_saving(state, weights, rows_of, args.workers)}
     base = [*shlex.split(args.model), *COMMON, "--steps-per-epoch", str(args.steps),
             "--threads", str(args.threads), "--save-every-steps", "0"]
     tries = {(s, level): [] for s in strategies for level in levels}
     for _ in range(max(1, args.repeats)):
         for strategy in strategies:
-            for level in levels:
+            for level in _levels_of(strategy, levels):
                 argv = [*base, "--strategy", strategy,
                         *(["--shard", level] if level != "none" else [])]
                 tries[(strategy, level)].append(_run(
@@ -132,19 +162,20 @@ def run(args) -> dict:
                     horovod_venv=venv if strategy == "horovod" else None))
     rows = []
     for strategy in strategies:
+        offered = _levels_of(strategy, levels)
         peaks = {level: [max(r["processes"][w]["train_peak_bytes"] for r in tries[(strategy,
                                                                                    level)])
-                         for w in range(args.workers)] for level in levels}
+                         for w in range(args.workers)] for level in offered}
         steps = {level: statistics.median(r["median_step_s"] for r in tries[(strategy, level)])
-                 for level in levels}
+                 for level in offered}
         saved = {level: [p - s for p, s in zip(peaks["none"], peaks[level])]
-                 for level in levels[1:]}
+                 for level in offered[1:]}
         rows.append({
             "strategy": strategy, "peak_bytes": peaks, "step_s": steps,
-            "saved_over_expected": {v: min(saved[v]) / expected[v] for v in levels[1:]},
-            "step_ratio": {v: steps[v] / steps["none"] for v in levels[1:]},
-            "loads": [r["load_avg_1m"] for v in levels for r in tries[(strategy, v)]],
-            "final_loss": {v: tries[(strategy, v)][-1]["final_loss"] for v in levels}})
+            "saved_over_expected": {v: min(saved[v]) / expected[v] for v in offered[1:]},
+            "step_ratio": {v: steps[v] / steps["none"] for v in offered[1:]},
+            "loads": [r["load_avg_1m"] for v in offered for r in tries[(strategy, v)]],
+            "final_loss": {v: tries[(strategy, v)][-1]["final_loss"] for v in offered}})
     return {"model": args.model, "workers": args.workers, "levels": levels,
             "state_bytes": sum(state), "weight_bytes": sum(weights),
             "expected_saving_bytes": {v: expected[v] for v in levels[1:]},
@@ -155,7 +186,7 @@ def run(args) -> dict:
             "note": "peak = VmHWM up to the last training step; saved = unsharded - sharded "
                     "peak per worker, the least over workers; expected = what the most loaded "
                     "worker no longer holds (optimizer: state; gradients: state and one copy "
-                    "of the gradients); step = median steady step, median over repeats, its "
+                    "of the gradients; parameters: those and the weights, but its rows); step = median steady step, median over repeats, its "
                     "ratio to none"}
 
 
@@ -169,7 +200,7 @@ def table(result: dict) -> str:
              f"{'strategy':<14}{'level':<11}{'peak MiB (each worker)':<30}"
              f"{'saved/expected':>15}{'step s':>9}{'ratio':>7}"]
     for row in result["rows"]:
-        for level in levels:
+        for level in _levels_of(row["strategy"], levels):
             peak = ",".join(f"{b / MIB:.0f}" for b in row["peak_bytes"][level])
             saved = row["saved_over_expected"].get(level)
             ratio = row["step_ratio"].get(level, 1.0)
@@ -183,7 +214,8 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-COLORS = {"none": "tab:gray", "optimizer": "tab:blue", "gradients": "tab:green"}
+COLORS = {"none": "tab:gray", "optimizer": "tab:blue", "gradients": "tab:green",
+          "parameters": "tab:red"}
 
 
 def plot(result: dict, fig) -> None:
@@ -194,6 +226,8 @@ def plot(result: dict, fig) -> None:
     for i, row in enumerate(rows):
         xs = [i * (result["workers"] + 1) + w for w in range(result["workers"])]
         for j, level in enumerate(levels):
+            if level not in row["peak_bytes"]:
+                continue
             mem.bar([x + (j - (len(levels) - 1) / 2) * width for x in xs],
                     [b / MIB for b in row["peak_bytes"][level]], width,
                     color=COLORS[level], label=level if i == 0 else None)
@@ -204,7 +238,8 @@ def plot(result: dict, fig) -> None:
     xs = range(len(rows))
     for j, level in enumerate(levels):
         step.bar([x + (j - (len(levels) - 1) / 2) * width for x in xs],
-                 [r["step_s"][level] for r in rows], width, color=COLORS[level], label=level)
+                 [r["step_s"].get(level, 0.0) for r in rows], width, color=COLORS[level],
+                 label=level)
     step.set_xticks(list(xs), [r["strategy"] for r in rows])
     step.set_ylabel("median step (s)")
     step.legend()

@@ -29,6 +29,22 @@ class HorovodScatter:
         hvd = runtime.hvd()
         return hvd.reducescatter(sent, op=hvd.Average, name=name, ignore_name_scope=True)[0]
 
+    def all_gather(self, part, name: str):
+        """Every rank's flat `part` (one size everywhere), concatenated in rank order."""
+        from tfdist.horovod import runtime
+
+        return runtime.hvd().allgather(part, name=name, ignore_name_scope=True)
+
+    def reduce_rows(self, flat, rank: int, n: int, name: str):
+        """This rank's n-th of the flat `flat` (n equal parts) averaged over the ranks."""
+        import tensorflow as tf
+
+        from tfdist.horovod import runtime
+
+        hvd = runtime.hvd()
+        return hvd.reducescatter(tf.reshape(flat, [n, -1]), op=hvd.Average, name=name,
+                                 ignore_name_scope=True)[0]
+
     def sparse(self, grads: list) -> list:
         """IndexedSlices averaged over the ranks (their slices gathered)."""
         from tfdist.horovod import runtime

@@ -166,6 +166,17 @@ def save_final(model, writer: ChiefWriter, asked: str = "auto") -> str:
     from tfdist import final_weights as fw
     from tfdist import memory_limit
 
+    from tfdist.zero import parameters
+
+    every, split, served = parameters.whole_view(model.weights)
+    if split is not None:  # --shard parameters: the chief writes each weight as gathered
+        if not writer.is_chief:
+            split.serve(served)
+            return ""
+        try:
+            return _save_whole(model, writer, asked, every)
+        finally:
+            split.done()
     unsplit = getattr(model, "unsplit", None)
     source = unsplit() if unsplit else model
     headroom = memory_limit.headroom_bytes() if asked == "auto" and writer.is_chief else None
@@ -176,6 +187,33 @@ def save_final(model, writer: ChiefWriter, asked: str = "auto") -> str:
         return writer.path("model.keras")
     architecture = getattr(model, "plain_json", None) or model.to_json()
     writer.write_files(lambda tmp: fw.save_sharded(architecture, fw.values_of(source), tmp))
+    writer.remove("model.keras")
+    return f"{writer.path(fw.ARCHITECTURE)} and {writer.path(fw.WEIGHTS)} (sharded weights)"
+
+
+def _save_whole(model, writer: ChiefWriter, asked: str, every: list) -> str:
+    """`save_final` of a model whose weights are split across workers (on the chief, while
+    the others serve): each weight read whole when Keras's writer reaches it."""
+    import numpy as np
+
+    from tfdist import final_weights as fw
+    from tfdist import memory_limit
+
+    read = fw.values_of(model)
+    for v in every:
+        if not hasattr(v, "variable"):
+            continue
+        read[v.path] = fw.Lazy(v.shape, v.numpy)
+    plain_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                      for v in every)
+    headroom = memory_limit.headroom_bytes() if asked == "auto" else None
+    architecture = model.to_json()
+    if fw.final_form(asked, plain_bytes, headroom) == "keras":
+        for name in fw.sharded_files(writer.model_dir):
+            writer.remove(name)
+        writer.write_files(lambda tmp: fw.save_keras(architecture, read, tmp))
+        return writer.path("model.keras")
+    writer.write_files(lambda tmp: fw.save_sharded(architecture, read, tmp))
     writer.remove("model.keras")
     return f"{writer.path(fw.ARCHITECTURE)} and {writer.path(fw.WEIGHTS)} (sharded weights)"
 

@@ -467,6 +467,7 @@ class FitRun:
             # or the optimizer below is built for none and fit's first step fails
             # ("Unknown variable").
             build_unbuilt(model, self.test_ds.element_spec)
+            hooks.split_model(model)  # --shard parameters: each worker keeps its rows
             # Keras builds optimizers lazily; build now so a backup can fill its slots.
             optimizer.build(model.trainable_variables)
         self.model, self.optimizer = model, optimizer

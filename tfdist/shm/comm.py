@@ -61,6 +61,7 @@ import platform
 import select
 import socket
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -76,10 +77,10 @@ _ALIGN = 64
 _LINE = 256
 _RECORD = struct.Struct("<qqqqqq16s")  # call, op, root, count, tensors, shapes hash, dtype
 _SLOTS = (8, 8 + _RECORD.size)
-BARRIER, SUM, MEAN, BROADCAST, SCATTER_SUM, SCATTER_MEAN = range(6)
+BARRIER, SUM, MEAN, BROADCAST, SCATTER_SUM, SCATTER_MEAN, GATHER = range(7)
 _OP_NAMES = {BARRIER: "barrier", SUM: "allreduce(sum)", MEAN: "allreduce(mean)",
              BROADCAST: "broadcast", SCATTER_SUM: "reduce_scatter(sum)",
-             SCATTER_MEAN: "reduce_scatter(mean)"}
+             SCATTER_MEAN: "reduce_scatter(mean)", GATHER: "all_gather"}
 _MAGIC = b"TFDSHM1"
 # Poll a peer's semaphore this many times (~0.2-0.5 us each) before sleeping on it:
 # a peer that is about to arrive costs no system call and no wake-up latency.
@@ -186,6 +187,28 @@ def accumulator_dtype(dtype):
     return np.dtype(np.float32) if is_floating(dtype) and np.dtype(dtype).itemsize == 2 else None
 
 
+def _exclusive(method):
+    """One collective at a time per process: a second one that starts while another
+    runs (two unordered ops of one TensorFlow graph) would interleave their barriers
+    and data silently; it fails instead, naming both."""
+    import functools
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if not self._busy.acquire(blocking=False):
+            raise CollectiveMismatchError(
+                f"shared-memory engine: rank {self.rank} started {method.__name__} while "
+                f"{self._running} was still running in this process: its collectives must "
+                "run one after another (each op waiting for the one before it).")
+        self._running = method.__name__
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._busy.release()
+
+    return run
+
+
 class Communicator:
     """All-reduce, broadcast and barrier between `size` processes on this host.
 
@@ -249,6 +272,7 @@ class Communicator:
             self._recv_from = {q: ctypes.c_void_p(sem + (rank * n + q) * size_of)
                                for q in range(n) if q != rank}
         self._last_liveness = time.monotonic()
+        self._busy, self._running = threading.Lock(), ""
 
     # -- rendezvous -----------------------------------------------------------------
     def _rendezvous(self) -> None:
@@ -375,6 +399,7 @@ class Communicator:
         self.lost = self.lost or error
         return error
 
+    @_exclusive
     def barrier(self) -> None:
         """Returns when every rank has called it."""
         if self.size == 1:
@@ -426,6 +451,7 @@ class Communicator:
                     raise self._failed
 
     # -- collectives --------------------------------------------------------------------
+    @_exclusive
     def allreduce(self, arrays, average: bool = False, out=None):
         """Sums (or averages) each array across ranks.
 
@@ -532,6 +558,7 @@ class Communicator:
         # result[] is rewritten by the next block's step 2 only after every
         # rank passed that block's first barrier, i.e. finished this step 3.
 
+    @_exclusive
     def reduce_scatter(self, parts, out=None, average: bool = False):
         """Part r summed (or averaged) over ranks, for this rank r only.
 
@@ -596,6 +623,41 @@ class Communicator:
             self._sync()  # the mailboxes are rewritten by the next block only after this
         return out
 
+    @_exclusive
+    def all_gather(self, part, out=None):
+        """Every rank's `part` (one size and dtype on every rank), concatenated in rank
+        order: the weights' gather of `--shard parameters` (`tfdist.zero.parameters`).
+
+        Args:
+            part: This rank's numpy array (read, not modified).
+            out: Optional writable C-contiguous array of n times `part`'s size (not
+                overlapping `part`) to write the result into.
+
+        Returns:
+            The n parts, flat (`out` when given).
+        """
+        n, r = self.size, self.rank
+        flat = _contiguous(part).reshape(-1)
+        dt, k = flat.dtype, flat.size
+        out = np.empty(n * k, dt) if out is None else out.reshape(-1)
+        out[r * k:(r + 1) * k] = flat
+        if n == 1:
+            return out
+        self._begin(GATHER, 0, dt, [(k,)], k)
+        result, step = self._result, max(1, self.chunk_bytes // dt.itemsize)
+        for lo in range(0, max(1, k), step):
+            hi = min(k, lo + step)
+            if hi > lo:  # 1. my block into my result row
+                result[r, :(hi - lo) * dt.itemsize].view(dt)[:] = flat[lo:hi]
+                self.bytes_sent += (hi - lo) * dt.itemsize
+            self._sync()
+            for q in range(n):  # 2. every peer's block, read in place
+                if q != r and hi > lo:
+                    out[q * k + lo:q * k + hi] = result[q, :(hi - lo) * dt.itemsize].view(dt)
+            self._sync()  # result rows are rewritten by the next block only after this
+        return out
+
+    @_exclusive
     def broadcast(self, arrays, root: int = 0, out=None):
         """Every rank gets `root`'s arrays (same shapes and dtypes everywhere).
 

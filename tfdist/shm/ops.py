@@ -146,6 +146,27 @@ def reduce_scatter(parts, rank: int, average: bool = True):
     return out
 
 
+def all_gather(part):
+    """Every rank's `part` (dense, one static shape on every rank) concatenated in rank
+    order, flat: one numpy_function (`Communicator.all_gather`) writing into a buffer
+    TensorFlow allocated. Every rank calls it in the same order (`tfdist.zero.parameters`).
+    """
+    import tensorflow as tf
+
+    comm = runtime.communicator()
+    size = comm.size * part.shape.num_elements()
+    buffer = tf.raw_ops.Empty(shape=[size], dtype=part.dtype)
+
+    def gather(x, out):
+        target = out if out.flags.writeable and out.flags.c_contiguous else None
+        return comm.all_gather(x, out=target)
+
+    out = tf.numpy_function(gather, [part, buffer], part.dtype, stateful=True,
+                            name="tfdist_shm_all_gather")
+    out.set_shape([size])
+    return out
+
+
 def all_true(flag):
     """True on every rank when the scalar boolean `flag` is True on all of them."""
     import tensorflow as tf

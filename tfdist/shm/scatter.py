@@ -26,6 +26,20 @@ class ShmScatter:
 
         return ops.reduce_scatter(pieces, rank, average=True)
 
+    def all_gather(self, part, name: str):
+        """Every rank's flat `part` (one size everywhere), concatenated in rank order."""
+        from tfdist.shm import ops
+
+        return ops.all_gather(part)
+
+    def reduce_rows(self, flat, rank: int, n: int, name: str):
+        """This rank's n-th of the flat `flat` (n equal parts) averaged over the ranks."""
+        import tensorflow as tf
+
+        from tfdist.shm import ops
+
+        return ops.reduce_scatter(tf.split(flat, n), rank, average=True)
+
     def all_sum(self, x):
         """The scalar `x` summed over the ranks."""
         from tfdist.shm import ops

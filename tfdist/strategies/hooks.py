@@ -77,6 +77,11 @@ class Hooks:
         """
         return model
 
+    def split_model(self, model) -> None:
+        """Splits the built model's weights across the workers, in place, before the
+        optimizer is built (`--shard parameters`, `tfdist.zero.parameters`); by default
+        every worker keeps every weight."""
+
     def callbacks(self, learning_rate: float, warmup_epochs: float = 0.0,
                   global_batch_size: int = 0) -> list:
         """Extra Keras callbacks for `fit`, run before the trainer's own.
@@ -116,7 +121,13 @@ class ProcessReplicaHooks(Hooks):
 
         distributed = allreduce_optimizer.with_compression(self._distributed(optimizer),
                                                            self.grad_compression)
-        if self.shard != "none":
+        if self.shard == "parameters":
+            from tfdist.zero import parameters
+
+            distributed = parameters.optimizer(distributed, self._scatter_engine(),
+                                               self.cluster.worker_index,
+                                               self.cluster.num_workers)
+        elif self.shard != "none":
             from tfdist.zero.optimizer import shard
 
             # Compressed gradients keep the all-reduce (`--shard optimizer` only).
@@ -124,6 +135,13 @@ class ProcessReplicaHooks(Hooks):
             distributed = shard(distributed, self._owner_gather(), self.cluster.worker_index,
                                 self.cluster.num_workers, level=self.shard, engine=engine)
         return allreduce_optimizer.loss_scale_if_float16(distributed, self._all_true)
+
+    def split_model(self, model) -> None:
+        if self.shard == "parameters":
+            from tfdist.zero import parameters
+
+            parameters.shard_model(model, self._scatter_engine(), self.cluster.worker_index,
+                                   self.cluster.num_workers, self.collectives(None))
 
     def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
         # Broadcast first (no other callback may see a rank's own init), then metrics.

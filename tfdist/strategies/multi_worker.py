@@ -256,6 +256,12 @@ class MultiWorker(Adapter):
         from tfdist.zero import partition
 
         partition.check_config(settings)
+        if partition.level(settings.adapter) == "parameters":
+            raise ConfigError(
+                "--shard parameters runs on the engines with one replica per process (shm, "
+                "horovod); multi_worker does not split weights yet. Received: --strategy "
+                "multi_worker --shard parameters. Use --strategy shm (one host) or horovod, "
+                "or --shard gradients here.")
         check_own_port(cluster)  # a busy port, before TensorFlow starts
 
     def startup_note(self):

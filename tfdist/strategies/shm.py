@@ -47,7 +47,8 @@ class ShmHooks(ProcessReplicaHooks):
         cluster: The discovered cluster.
         grad_compression: As `--grad-compression`.
         bucket_mb: As `--bucket-mb` (overlap buckets; 0: one all-reduce).
-        shard: As `--shard` (`tfdist.zero`): "none", "optimizer" or "gradients".
+        shard: As `--shard` (`tfdist.zero`): "none", "optimizer", "gradients" or
+            "parameters".
     """
 
     def __init__(self, cluster, grad_compression: str = "none", bucket_mb: float = 0.0,

@@ -201,3 +201,9 @@ def shard(distributed, gather, rank: int, size: int, scatter=None, level: str = 
 def is_shard_slot(variable) -> bool:
     """Whether `variable` is a sharded optimizer's per-worker slot (never broadcast)."""
     return bool(getattr(variable, SLOT_MARK, False))
+
+
+def is_per_worker(variable) -> bool:
+    """Whether `variable` holds this worker's own values, never broadcast: a sharded
+    optimizer's slot, or this worker's rows at `--shard parameters` (`zero.parameters.ROWS`)."""
+    return is_shard_slot(variable) or getattr(variable, "_tfdist_rows", None) is not None

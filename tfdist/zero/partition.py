@@ -78,9 +78,30 @@ def owned_bytes(sizes: list[int], n: int) -> list[int]:
     return load
 
 
+def row_share(rows: int, n: int, rank: int) -> tuple[int, int, int]:
+    """Rows [start, stop) of a variable's first axis that `rank` holds at `--shard
+    parameters`, and every rank's padded share `per` (FSDP's split on dim 0): ranks hold
+    ceil(rows / n) rows each, the last ones fewer (or none), padded with zero rows to
+    `per` so every gather and reduce-scatter moves one size.
+
+    Raises:
+        ValueError: for n < 1, a rank outside [0, n) or negative rows.
+    """
+    if n < 1 or not 0 <= rank < n or rows < 0:
+        raise ValueError(f"need n >= 1, 0 <= rank < n and rows >= 0. Received: rows={rows!r}, "
+                         f"n={n!r}, rank={rank!r}.")
+    per = max(1, -(-rows // n))
+    start = min(rank * per, rows)
+    return start, min(start + per, rows), per
+
+
+# Optimizers whose update reads a whole weight (a norm, a factorization, an
+# orthogonalisation): taken where owners hold whole variables, refused at "parameters".
+WHOLE_WEIGHT = ("lamb", "adafactor", "muon")
+
 # What `--shard` splits across the data-parallel workers, each level including the ones
 # before it (docs/zero.md); "none": every worker holds everything.
-LEVELS = ("none", "optimizer", "gradients")
+LEVELS = ("none", "optimizer", "gradients", "parameters")
 
 
 def level(adapter) -> str:
@@ -129,16 +150,25 @@ def _bytes(n: int) -> str:
 def check_config(settings) -> None:
     """Pre-TensorFlow checks of a run asking for `--shard` (pure).
 
-    Every level gives each variable, whole, to one owner, so an optimizer whose
-    update reads a whole weight (lamb, adafactor, muon) works at each of them.
+    "optimizer" and "gradients" give each variable, whole, to one owner, so an
+    optimizer whose update reads a whole weight (lamb, adafactor, muon) works there;
+    "parameters" splits every weight, and refuses them.
 
     Raises:
-        ConfigError: for gradient compression at `--shard gradients`.
+        ConfigError: for gradient compression at `--shard gradients` or
+            `parameters`, or a whole-weight optimizer at `parameters`.
     """
     adapter = settings.adapter
-    if level(adapter) == "gradients" and adapter.grad_compression != "none":
+    shard = level(adapter)
+    if shard in ("gradients", "parameters") and adapter.grad_compression != "none":
         raise ConfigError(
-            f"--shard gradients reduce-scatters the gradients, which --grad-compression does "
+            f"--shard {shard} reduce-scatters the gradients, which --grad-compression does "
             f"not apply to. Received: --grad-compression {adapter.grad_compression}. Drop "
             "--grad-compression, or use --shard optimizer (its gradients are all-reduced, "
             "compressed).")
+    name = settings.optimization.optimizer
+    if shard == "parameters" and name.lower() in WHOLE_WEIGHT:
+        raise ConfigError(
+            f"--shard parameters splits every weight across the workers, and {name}'s update "
+            f"reads a whole weight. Received: --optimizer {name} --shard parameters. Use "
+            "--shard gradients (each worker updates whole variables), or another optimizer.")
