@@ -1,16 +1,19 @@
-"""`memory-cap`: a model larger than any one process, trained by stage processes each
-inside a kernel memory cap (#40's must-show).
+"""`memory-cap`: a model larger than any one process, trained by stage processes (#40)
+or by data-parallel workers at `--shard parameters` (#51), each process inside a
+kernel memory cap.
 
-Three real jobs of MODEL (13 Dense 4096x4096 + Adam), every process in a cgroup v1
+Real jobs of MODEL (13 Dense 4096x4096 + Adam), every process in a cgroup v1
 memory group of its own capped at --limit-mib (`tfdist.bench.capped`):
 
 - one: the model in one process (`--strategy single`) under the cap: it is killed
-  by the kernel, which shows the cap is real;
-- whole: P stage processes train, back up (each stage task writes its own
-  variables) and write the final weights as model.json + Keras's sharded weights;
-- interrupted: the same run, one stage SIGKILLed once the first backup's index
-  exists, then the same command again: it resumes (each stage reading its own
-  variables) and ends.
+  by the kernel, which shows the cap is real; with `--shard LEVEL`, also the same
+  workers at `--control-shard` (default optimizer: every worker holds every
+  weight and gradient), killed by the same cap;
+- whole: P stage processes (or, with `--shard`, P shm workers at that level)
+  train, back up and write the final weights as model.json + Keras's sharded
+  weights;
+- interrupted: the same run, one process SIGKILLed once the first backup
+  exists, then the same command again: it resumes and ends.
 
 Reported: each process's peak RSS and OOM kills, and the largest difference of
 the two runs' final weights, loaded with Keras alone, against rtol 1e-5.
@@ -42,6 +45,11 @@ def add_arguments(parser):
     parser.add_argument("--steps", type=int, default=6, help="training steps (one epoch)")
     parser.add_argument("--save-every-steps", type=int, default=2)
     parser.add_argument("--model", default=MODEL, help="RECIPE [--key value ...]")
+    parser.add_argument("--shard", default=None,
+                        help="run P shm data-parallel workers at this --shard level instead of "
+                             "stage processes (e.g. parameters)")
+    parser.add_argument("--control-shard", default="optimizer",
+                        help="with --shard: the level whose workers the cap must kill")
 
 
 def _train(args, model_dir: str) -> list[str]:
@@ -54,13 +62,21 @@ def _capped(args, report: str) -> list[str]:
             report, "--"]
 
 
-def _stages(args, model_dir: str, reports: str, kill_after_backup: bool = False) -> dict:
-    """One capped stage-process job; SIGKILLs stage P-1's trainer once a backup exists."""
+def _layout(args, shard: str | None) -> list[str]:
+    """How the P processes split the model: pipeline stages, or shm workers at `shard`."""
+    if shard:
+        return ["--strategy", "shm", "--shard", shard, "--final-weights", "sharded"]
+    return ["--strategy", "pipeline", "--devices", "0", "--final-weights", "sharded"]
+
+
+def _stages(args, model_dir: str, reports: str, kill_after_backup: bool = False,
+            shard: str | None = None) -> dict:
+    """One capped job of P processes; SIGKILLs process P-1's trainer once a backup exists."""
     os.makedirs(reports, exist_ok=True)
     command = [sys.executable, "-m", "tfdist.launch", "-n", str(args.stages), "--timeout",
                "900", "--", *_capped(args, os.path.join(reports, "task{task}.json")),
                sys.executable, "-m", "tfdist.train", *_train(args, model_dir),
-               "--strategy", "pipeline", "--devices", "0", "--final-weights", "sharded"]
+               *_layout(args, shard)]
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, killed, victim = [], [], f"[worker {args.stages - 1}] capped: pid "
@@ -116,10 +132,17 @@ def run(args) -> dict:
     with open(one_report) as f:
         result = {"limit_mib": args.limit_mib, "stages": args.stages,
                   "one": {"exit": one.returncode, **json.load(f)}}
-    result["whole"] = _stages(args, os.path.join(root, "whole"), os.path.join(root, "r1"))
+    shard = getattr(args, "shard", None)
+    result["shard"] = shard
+    if shard:  # the same workers at the control level: the cap must kill them
+        result["control"] = {"shard": args.control_shard, **_stages(
+            args, os.path.join(root, "control"), os.path.join(root, "r0"),
+            shard=args.control_shard)}
+    result["whole"] = _stages(args, os.path.join(root, "whole"), os.path.join(root, "r1"),
+                              shard=shard)
     first = _stages(args, os.path.join(root, "cut"), os.path.join(root, "r2"),
-                    kill_after_backup=True)
-    again = _stages(args, os.path.join(root, "cut"), os.path.join(root, "r3"))
+                    kill_after_backup=True, shard=shard)
+    again = _stages(args, os.path.join(root, "cut"), os.path.join(root, "r3"), shard=shard)
     result["interrupted"], result["resumed"] = first, again
     if result["whole"]["exit"] == 0 and again["exit"] == 0:
         a = np.load(_weights(os.path.join(root, "whole")))
@@ -134,9 +157,18 @@ def run(args) -> dict:
 
 def table(result) -> str:
     """Each job's processes: exit, peak RSS, OOM kills."""
-    lines = [f"cap {result['limit_mib']:.0f} MiB per process, {result['stages']} stages",
+    shard = result.get("shard")
+    what = f"{result['stages']} shm workers at --shard {shard}" if shard else \
+        f"{result['stages']} stages"
+    lines = [f"cap {result['limit_mib']:.0f} MiB per process, {what}",
              f"one process: exit {result['one']['exit']}, peak RSS "
              f"{result['one']['rss_peak_mib']:.0f} MiB, oom kills {result['one']['oom_kills']}"]
+    if "control" in result:
+        job = result["control"]
+        tasks = ", ".join(f"{t['rss_peak_mib']:.0f}" for t in job["tasks"])
+        lines.append(f"control (--shard {job['shard']}): exit {job['exit']} in {job['s']} s, "
+                     f"peak RSS per worker [{tasks}] MiB, oom kills "
+                     f"{sum(t['oom_kills'] for t in job['tasks'])}")
     for name in ("whole", "interrupted", "resumed"):
         job = result[name]
         tasks = ", ".join(f"{t['rss_peak_mib']:.0f}" for t in job["tasks"])
@@ -153,10 +185,10 @@ def table(result) -> str:
 def plot(result, fig):
     """Each process's peak RSS against the cap."""
     ax = fig.subplots()
-    names = ["one"] + [f"{job} t{i}" for job in ("whole", "interrupted", "resumed")
-                       for i in range(len(result[job]["tasks"]))]
-    peaks = [result["one"]["rss_peak_mib"]] + [t["rss_peak_mib"] for job in (
-        "whole", "interrupted", "resumed") for t in result[job]["tasks"]]
+    jobs = [j for j in ("control", "whole", "interrupted", "resumed") if j in result]
+    names = ["one"] + [f"{job} t{i}" for job in jobs for i in range(len(result[job]["tasks"]))]
+    peaks = [result["one"]["rss_peak_mib"]] + [t["rss_peak_mib"] for job in jobs
+                                               for t in result[job]["tasks"]]
     ax.bar(range(len(peaks)), peaks)
     ax.axhline(result["limit_mib"], color="red", label="cap")
     ax.set_xticks(range(len(peaks)), names, rotation=90)

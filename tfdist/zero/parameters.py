@@ -69,6 +69,10 @@ class _Chain:
     def __init__(self, last=None):
         self.last = last
         self.count = 0
+        # The inputs of the split layer traced last: the next layer's gather waits for them,
+        # so it may overlap that layer's compute but not run further ahead (one layer's
+        # weights gathered in advance, not the whole model's).
+        self.inputs = ()
 
     @contextlib.contextmanager
     def next(self, *extra):
@@ -99,18 +103,19 @@ def chain() -> _Chain:
     return found
 
 
-def _gather(engine, shard, rows, n: int):
-    """The whole weight from every worker's rows (`rows`: the variable's ROWS)."""
+def _gather(engine, shard, rows, n: int, after=()):
+    """The whole weight from every worker's rows (`rows`: the variable's ROWS), gathered
+    after the previous collective and the tensors `after`."""
     import tensorflow as tf
 
     c = chain()
-    with c.next():
+    with c.next(*after):
         flat = engine.all_gather(tf.reshape(shard, [-1]), f"tfdist_zero3_gather_{c.count}")
         c.last = flat
     return tf.reshape(flat, [n * rows[2], *shard.shape[1:]])[:rows[3]]
 
 
-def _scatter(engine, grad, rows, n: int, rank: int, after=()):
+def _scatter(engine, grad, rows, n: int, rank: int):
     """This worker's rows of `grad` (a whole weight's local gradient) averaged over workers."""
     import tensorflow as tf
 
@@ -119,7 +124,7 @@ def _scatter(engine, grad, rows, n: int, rank: int, after=()):
     if n * per > total:
         grad = tf.pad(grad, [[0, n * per - total]] + [[0, 0]] * (grad.shape.rank - 1))
     c = chain()
-    with c.next(*after):
+    with c.next():
         mine = engine.reduce_rows(tf.reshape(grad, [-1]), rank, n,
                                   f"tfdist_zero3_scatter_{c.count}")
         c.last = mine
@@ -177,7 +182,9 @@ class _SplitCall:
         @tf.custom_gradient
         def split_call(*xs):
             inputs, shards = xs[:len(take)], xs[len(take):]
-            whole = [_gather(engine, s, r, n) for s, r in zip(shards, rows)]
+            c = chain()
+            ahead, c.inputs = c.inputs, tuple(inputs)  # gathered while the layer before runs
+            whole = [_gather(engine, s, r, n, after=ahead) for s, r in zip(shards, rows)]
             a, k = rebuild(inputs)
             out = self._run(whole, a, k)
             del whole  # not kept for the backward pass: gathered again there
