@@ -79,7 +79,30 @@ def main(argv: list[str]) -> int:
                 json.dump(out, f)
         return code if code >= 0 else 128 - code
     finally:
-        os.rmdir(group)
+        _remove(group)
+
+
+def _remove(group: str, timeout_s: float = 10.0) -> None:
+    """Removes the group once it is empty: what the command left behind in it (the shm
+    engine's multiprocessing resource tracker outlives its worker by a moment) is
+    killed first, as the group cannot be removed while a process is in it."""
+    import errno
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in _read(group, "cgroup.procs").split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.rmdir(group)
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 if __name__ == "__main__":

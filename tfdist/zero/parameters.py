@@ -474,8 +474,9 @@ def holdings(variables, slots, rank: int, n: int) -> str:
     return (f"tfdist: worker {rank} of {n} (--shard parameters) holds "
             f"{partition._bytes(mine)} of the {partition._bytes(total)} of weights (its rows of "
             f"{len(variables) - len(whole)} split variables, {len(whole)} whole), gathers at "
-            f"most one layer at a time (the largest weight {partition._bytes(largest)}), and "
-            f"holds the optimizer state and gradients of its rows ({partition._bytes(state)})")
+            f"most one layer at a time (the largest weight {partition._bytes(largest)}), holds "
+            f"the optimizer state of its rows ({partition._bytes(state)}) and receives only "
+            "their reduced gradients")
 
 
 def _whole_bytes(variable) -> int:
