@@ -289,7 +289,9 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
     (`multi_worker._all_true`) is what carries it: with it taken out, worker 0
     (finite rows) applied the step and waited in the all-gather that worker 1
     skipped until the collective timed out, failing this test (tried). On shm every
-    worker checks every all-reduced gradient, so the agreement is redundant there."""
+    worker checks every all-reduced gradient, so the agreement is redundant there;
+    shm also trains it at `--shard parameters` (the recomputed backward pass cast as
+    the forward pass was), skipping the same step, to the same bits."""
     worker = os.path.join(WORKERS, "zero_loss_scale.py")
     strategies = ("shm", "multi_worker")
     commands = [["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", worker,
@@ -309,6 +311,13 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
                                                   err_msg=f"{strategy} {run} {key}")
                     np.testing.assert_array_equal(rank[f"{run}:{key[6:]}"],
                                                   ranks[0][f"{run}:{key[6:]}"])
+        if strategy == "shm":  # and at --shard parameters, each worker holding rows
+            for rank in ranks:
+                assert float(rank["parameters_scale"]) == 2.0 ** 14
+                assert int(rank["parameters_iterations"]) == 2
+                for key in (k for k in rank if k.startswith("whole:")):
+                    np.testing.assert_array_equal(rank[f"parameters:{key[6:]}"], rank[key],
+                                                  err_msg=f"parameters {key}")
         # Sharded: a's slots (kernel and bias) on worker 0, b's kernel on worker 1.
         for run in ("sharded", "gradients"):
             assert [int(r[f"{run}_slot_bytes"]) for r in ranks] == [72, 48], (strategy, run)

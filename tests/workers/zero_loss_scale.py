@@ -11,7 +11,9 @@ owned by size, `a`'s by worker 0 and `b`'s by worker 1
 (`tfdist.zero.partition.owners`), so worker 0 reads no overflowing row and
 owns no overflowing weight: the skip has to reach it from worker 1. The job trains the
 same model three times from the same start, unsharded, then at `--shard optimizer`
-and at `--shard gradients` (the hooks' `shard`), 3 steps of Adam at global batch 8; writes
+and at `--shard gradients` (the hooks' `shard`), and under shm a fourth time at `--shard
+parameters` (each worker holding rows of every weight), 3 steps of Adam at global batch 8;
+writes
 OUT_DIR/worker{R}.npz: each run's weights, loss scale, inner iterations and this
 worker's bytes of sharded slots.
 """
@@ -46,13 +48,19 @@ def main():
     x, y = _data()
     examples = tf.data.Dataset.from_tensor_slices(((x[:, :2], x[:, 2:]), (y[:, :3], y[:, 3:])))
     result = {}
-    for key, level in (("whole", "none"), ("sharded", "optimizer"), ("gradients", "gradients")):
+    from tfdist.zero import parameters
+
+    runs = [("whole", "none"), ("sharded", "optimizer"), ("gradients", "gradients")]
+    if strategy == "shm":
+        runs.append(("parameters", "parameters"))
+    for key, level in runs:
         dist.hooks.shard = level
         with dist.scope():
             keras.utils.set_random_seed(0)
             xa, xb = keras.Input((2,), name="xa"), keras.Input((2,), name="xb")
-            model = keras.Model([xa, xb], [keras.layers.Dense(3, name="a")(xa),
-                                           keras.layers.Dense(3, use_bias=False, name="b")(xb)])
+            model = dist.model(keras.Model([xa, xb], [
+                keras.layers.Dense(3, name="a")(xa),
+                keras.layers.Dense(3, use_bias=False, name="b")(xb)]))
             model.compile(optimizer=dist.optimizer(keras.optimizers.Adam(0.01)),
                           loss=["mse", "mse"], **dist.compile_kwargs())
         model.fit(dist.shard(examples, 8, repeat=False), epochs=1, verbose=0,
@@ -63,8 +71,9 @@ def main():
         result[f"{key}_iterations"] = int(inner.iterations.numpy())
         result[f"{key}_slot_bytes"] = sum(variable_bytes(v) for v in inner.variables
                                           if is_shard_slot(v))
-        for v in model.weights:
-            result[f"{key}:{v.path}"] = np.asarray(v.numpy())
+        for v in model.weights:  # a split weight gathered whole (every worker, in order)
+            result[f"{key}:{v.path}"] = (np.asarray(v.numpy()) if parameters.rows_of(v) is None
+                                         else v._tfdist_split.gather(v))
     np.savez(os.path.join(out, f"worker{dist.rank}.npz"), **result)
     print(f"worker {dist.rank} done", flush=True)
 

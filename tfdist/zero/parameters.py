@@ -172,6 +172,12 @@ class _SplitCall:
                 if isinstance(a, tf.Tensor) and a.dtype.is_floating]
         rows = [rows_of(v) for v in self.variables]
         engine, rank, n = self.engine, self.rank, self.n
+        # The backward pass runs outside the layer's __call__: its recompute casts the
+        # weights as the forward pass did (mixed precision's autocast).
+        from keras.src.backend import AutocastScope, get_autocast_scope
+
+        autocast = get_autocast_scope()
+        autocast_dtype = None if autocast is None else autocast.dtype
 
         def rebuild(inputs):
             given = list(flat)
@@ -196,7 +202,7 @@ class _SplitCall:
                 with c.next(*dys):  # not before the gradients reach this layer
                     c.last = tf.identity(c.last) if c.last is not None else None
                 again = [_gather(engine, s, r, n) for s, r in zip(shards, rows)]
-                with tf.GradientTape() as tape:
+                with tf.GradientTape() as tape, AutocastScope(autocast_dtype):
                     tape.watch(list(inputs) + again)
                     a2, k2 = rebuild(inputs)
                     out2 = self._run(again, a2, k2)
