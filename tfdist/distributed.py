@@ -148,14 +148,48 @@ class Distributed:
         import os
 
         from tfdist.writer import ChiefWriter
+        from tfdist.zero import parameters
 
         directory, name = os.path.split(os.path.abspath(path))
-        return ChiefWriter(directory, self.is_chief).save_model(model, name)
+        writer = ChiefWriter(directory, self.is_chief)
+        every, split, served = parameters.whole_view(model.weights)
+        if split is None:
+            return writer.save_model(model, name)
+        # --shard parameters: the chief writes each weight as the workers send its rows.
+        if not self.is_chief:
+            split.serve(served)
+            return None
+        try:
+            return _save_whole(model, every, writer, name)
+        finally:
+            split.done()
 
     def print(self, *args, **kwargs) -> None:
         """`print` on the chief only (flushed)."""
         if self.is_chief:
             print(*args, **kwargs, flush=True)
+
+
+def _save_whole(model, every, writer, name: str) -> str:
+    """The chief's `Distributed.save` of a split model: Keras's file, uncompiled, each weight
+    read whole (`every`: `zero.parameters.whole_view`) when Keras's writer reaches it."""
+    import os
+
+    from tfdist import final_weights as fw
+
+    read = fw.values_of(model)
+    for v in every:
+        if hasattr(v, "variable"):
+            read[v.path] = fw.Lazy(v.shape, v.numpy)
+    architecture = model.to_json()
+
+    def write(tmp):
+        fw.save_keras(architecture, read, tmp)
+        os.replace(os.path.join(tmp, fw.KERAS), os.path.join(tmp, name))
+        return [name]
+
+    (path,) = writer.write_files(write)
+    return path
 
 
 def setup(strategy: str = "auto", **options) -> Distributed:

@@ -107,7 +107,11 @@ def test_sharded_workers_equal_one_replica(runs, job):
     # Sparse gradients, 2 accumulated half batches: the same step as one full batch.
     _assert_equal_weights(cells["attention-adam-acc2"], reference["attention-adam"],
                           cell=f"{job} attention-adam-acc2")
-    # Every step clipped by the global norm of the summed gradients (dense and sparse).
+    # Every step clipped by the global norm of the summed gradients (dense and sparse);
+    # refused at --shard parameters on shm (a known bug: tfdist.zero.parameters.clip_refusal).
+    if job[::2] == ("shm", "parameters"):
+        assert "cannot clip by global norm yet" in cells["attention-sgd-clip"], cells.keys()
+        return
     _assert_equal_weights(cells["attention-sgd-clip"], reference["attention-sgd-clip"],
                           cell=f"{job} attention-sgd-clip")
 
@@ -155,8 +159,9 @@ def test_every_engine_sums_gradients_onto_their_owners(runs, job):
     # Uncompressed, every engine reduce-scatters at every level (tfdist.zero.scatter):
     # multi_worker at "optimizer" in place of the all-reduce, shm's in place of its
     # DistributedOptimizer's, and at "gradients" in the optimizer's own step.
+    clipped = [] if job[::2] == ("shm", "parameters") else ["attention-sgd-clip"]  # refused
     for worker in runs[job].values():
-        for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + ["attention-sgd-clip"]:
+        for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + clipped:
             state = json.loads(worker[f"state:{row}"])
             assert state["scattered"] is True, (job, row, state)
 
@@ -318,6 +323,14 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
                 for key in (k for k in rank if k.startswith("whole:")):
                     np.testing.assert_array_equal(rank[f"parameters:{key[6:]}"], rank[key],
                                                   err_msg=f"parameters {key}")
+            # dist.save of the split model: whole weights, in Keras's file.
+            from tests.weights import keras_file_weights
+
+            saved = keras_file_weights(str(tmp_path / strategy / "parameters.keras"))
+            want = [v for k, v in ranks[0].items() if k.startswith("parameters:")]
+            assert len(saved) == len(want) == 3
+            for a, b in zip(saved, want):
+                np.testing.assert_array_equal(a, b)
         # Sharded: a's slots (kernel and bias) on worker 0, b's kernel on worker 1.
         for run in ("sharded", "gradients"):
             assert [int(r[f"{run}_slot_bytes"]) for r in ranks] == [72, 48], (strategy, run)

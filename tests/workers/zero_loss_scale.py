@@ -15,7 +15,8 @@ and at `--shard gradients` (the hooks' `shard`), and under shm a fourth time at 
 parameters` (each worker holding rows of every weight), 3 steps of Adam at global batch 8;
 writes
 OUT_DIR/worker{R}.npz: each run's weights, loss scale, inner iterations and this
-worker's bytes of sharded slots.
+worker's bytes of sharded slots; and the parameters run's model, `dist.save`d, as
+OUT_DIR/parameters.keras.
 """
 
 import os
@@ -74,6 +75,8 @@ def main():
         for v in model.weights:  # a split weight gathered whole (every worker, in order)
             result[f"{key}:{v.path}"] = (np.asarray(v.numpy()) if parameters.rows_of(v) is None
                                          else v._tfdist_split.gather(v))
+        if level == "parameters":  # the chief writes it whole, as the workers send its rows
+            dist.save(model, os.path.join(out, "parameters.keras"))
     np.savez(os.path.join(out, f"worker{dist.rank}.npz"), **result)
     print(f"worker {dist.rank} done", flush=True)
 

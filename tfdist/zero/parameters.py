@@ -460,11 +460,26 @@ def optimizer(distributed, engine, rank: int, n: int):
     if getattr(distributed, "built", False):
         raise ValueError("zero.parameters.optimizer() needs an optimizer that has not been "
                          "built.")
+    clip = getattr(distributed, "global_clipnorm", None)
+    if clip and not getattr(engine, "parameters_clip", True):
+        raise ConfigError(clip_refusal(clip))
     cls = optimizer_class(type(distributed), engine, rank, n)
     out = cls.from_config(distributed.get_config())
     if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
         out._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
     return out
+
+
+def clip_refusal(clip) -> str:
+    """The one line that refuses global-norm clipping at `--shard parameters` on shm.
+
+    Why: 4 shm workers at `parameters` clipped by global norm ended some test runs
+    (about half, under pytest's load) with steps as large as unclipped ones, the same
+    wrong weights each time; 2 workers, Horovod's ranks and every unclipped cell
+    were right. The cause is not found, so it is refused rather than risked."""
+    return (f"--shard parameters on --strategy shm cannot clip by global norm yet (a known "
+            f"bug: some steps went unclipped). Received: --clipnorm {clip:g}. Use --strategy "
+            "horovod, --shard gradients, or no --clipnorm.")
 
 
 def holdings(variables, slots, rank: int, n: int) -> str:
