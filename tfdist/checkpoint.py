@@ -180,14 +180,10 @@ class BackupStore:
         # --shard parameters: a split variable is written whole, gathered by the chief one
         # at a time while the others serve its requests (`zero.parameters.Split`).
         model_vars, optimizer_vars, split, served = _whole(model_vars, optimizer_vars)
-        if split is not None and not self.writer.is_chief:
-            split.serve(served)
-            return None
-        try:
-            return self._save(state, model_vars, optimizer_vars, meta)
-        finally:
-            if split is not None:
-                split.done()
+        if split is not None:
+            return split.chief_writes(served, self.writer.is_chief, lambda: self._save(
+                state, model_vars, optimizer_vars, meta))
+        return self._save(state, model_vars, optimizer_vars, meta)
 
     def _save(self, state: TrainState, model_vars, optimizer_vars, meta: dict) -> str | None:
         shared = [v for v in optimizer_vars if not is_shard_slot(v)]

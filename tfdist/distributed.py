@@ -156,13 +156,8 @@ class Distributed:
         if split is None:
             return writer.save_model(model, name)
         # --shard parameters: the chief writes each weight as the workers send its rows.
-        if not self.is_chief:
-            split.serve(served)
-            return None
-        try:
-            return _save_whole(model, every, writer, name)
-        finally:
-            split.done()
+        return split.chief_writes(served, self.is_chief,
+                                  lambda: _save_whole(model, every, writer, name))
 
     def print(self, *args, **kwargs) -> None:
         """`print` on the chief only (flushed)."""
@@ -176,11 +171,9 @@ def _save_whole(model, every, writer, name: str) -> str:
     import os
 
     from tfdist import final_weights as fw
+    from tfdist.zero import parameters
 
-    read = fw.values_of(model)
-    for v in every:
-        if hasattr(v, "variable"):
-            read[v.path] = fw.Lazy(v.shape, v.numpy)
+    read = parameters.whole_values(model, every)
     architecture = model.to_json()
 
     def write(tmp):

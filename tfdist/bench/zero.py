@@ -102,9 +102,9 @@ def _levels_of(strategy: str, levels: list[str]) -> list[str]:
     return [v for v in levels if not (strategy == "multi_worker" and v == "parameters")]
 
 
-def _state_bytes(model_text: str) -> tuple[list[int], list[int]]:
-    """Each trainable variable's optimizer-state bytes (slots per weight x its bytes), and
-    its bytes."""
+def _state_bytes(model_text: str) -> tuple[list[int], list[int], list[int]]:
+    """Each trainable variable's optimizer-state bytes (slots per weight x its bytes), its
+    bytes, and its first dimension (rows)."""
     from tfdist import config, recipe as recipe_lib
     from tfdist.compat.tf_startup_logs import import_tensorflow
 

@@ -170,13 +170,8 @@ def save_final(model, writer: ChiefWriter, asked: str = "auto") -> str:
 
     every, split, served = parameters.whole_view(model.weights)
     if split is not None:  # --shard parameters: the chief writes each weight as gathered
-        if not writer.is_chief:
-            split.serve(served)
-            return ""
-        try:
-            return _save_whole(model, writer, asked, every)
-        finally:
-            split.done()
+        return split.chief_writes(served, writer.is_chief,
+                                  lambda: _save_whole(model, writer, asked, every)) or ""
     unsplit = getattr(model, "unsplit", None)
     source = unsplit() if unsplit else model
     headroom = memory_limit.headroom_bytes() if asked == "auto" and writer.is_chief else None
@@ -198,12 +193,9 @@ def _save_whole(model, writer: ChiefWriter, asked: str, every: list) -> str:
 
     from tfdist import final_weights as fw
     from tfdist import memory_limit
+    from tfdist.zero import parameters
 
-    read = fw.values_of(model)
-    for v in every:
-        if not hasattr(v, "variable"):
-            continue
-        read[v.path] = fw.Lazy(v.shape, v.numpy)
+    read = parameters.whole_values(model, every)
     plain_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                       for v in every)
     headroom = memory_limit.headroom_bytes() if asked == "auto" else None

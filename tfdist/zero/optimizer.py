@@ -192,10 +192,16 @@ def shard(distributed, gather, rank: int, size: int, scatter=None, level: str = 
 
         cls = (gradients.gradients_class if level == "gradients" else
                gradients.scattered_class)(cls, engine)
-    sharded = cls.from_config(distributed.get_config())
-    if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
-        sharded._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
-    return sharded
+    return rebuilt(cls, distributed)
+
+
+def rebuilt(cls: type, distributed):
+    """A new optimizer of `cls` from `distributed`'s config, keeping `distributed`'s own
+    all-reduce where it has one of its own (e.g. with_compression's)."""
+    out = cls.from_config(distributed.get_config())
+    if "_tfdist_allreduce" in vars(distributed):
+        out._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
+    return out
 
 
 def is_shard_slot(variable) -> bool:
@@ -205,5 +211,6 @@ def is_shard_slot(variable) -> bool:
 
 def is_per_worker(variable) -> bool:
     """Whether `variable` holds this worker's own values, never broadcast: a sharded
-    optimizer's slot, or this worker's rows at `--shard parameters` (`zero.parameters.ROWS`)."""
+    optimizer's slot, or this worker's rows at `--shard parameters` (`zero.parameters.ROWS`:
+    its attribute name is written here, as that module imports this one)."""
     return is_shard_slot(variable) or getattr(variable, "_tfdist_rows", None) is not None

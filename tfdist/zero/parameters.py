@@ -136,7 +136,7 @@ class _SplitCall:
     recompute, reduce-scatter (see the module)."""
 
     def __init__(self, layer, variables, engine, rank: int, n: int):
-        self.layer, self.variables = layer, list(variables)
+        self.variables = list(variables)
         self.original = layer.call
         self.engine, self.rank, self.n = engine, rank, n
 
@@ -234,12 +234,11 @@ class Split:
 
     Args:
         collectives: The engine's host collectives (rank 0 is the chief).
-        rank: This worker's rank.
         n: Workers.
     """
 
-    def __init__(self, collectives, rank: int, n: int):
-        self.collectives, self.rank, self.n = collectives, rank, n
+    def __init__(self, collectives, n: int):
+        self.collectives, self.n = collectives, n
 
     def gather(self, variable):
         """Every worker's rows of `variable`, as one array (every worker calls it)."""
@@ -272,6 +271,17 @@ class Split:
             if int(index[0]) < 0:
                 return
             self.gather(variables[int(index[0])])
+
+    def chief_writes(self, served, is_chief: bool, write):
+        """`write()` on the chief while the others serve its requests for `served` (the
+        split variables of `whole_view`); its result on the chief, None elsewhere."""
+        if not is_chief:
+            self.serve(served)
+            return None
+        try:
+            return write()
+        finally:
+            self.done()
 
 
 class Whole:
@@ -313,6 +323,23 @@ def whole_view(variables) -> tuple[list, "Split | None", list]:
              for v in variables], split, split_vars)
 
 
+def whole_values(model, every) -> dict:
+    """`final_weights.values_of(model)` with each split weight read whole (on the chief,
+    while the others serve) when Keras's writer reaches it.
+
+    Args:
+        model: A split model.
+        every: `whole_view(model.weights)`'s first item.
+    """
+    from tfdist import final_weights as fw
+
+    read = fw.values_of(model)
+    for v in every:
+        if isinstance(v, Whole):
+            read[v.path] = fw.Lazy(v.shape, v.numpy)
+    return read
+
+
 def split_layers(model) -> list:
     """The layers `--shard parameters` splits (see the module), in the model's order."""
     out = []
@@ -346,7 +373,7 @@ def shard_model(model, engine, rank: int, n: int, collectives=None) -> list:
     import tensorflow as tf
 
     split = []
-    split_state = Split(collectives, rank, n)
+    split_state = Split(collectives, n)
     for layer in split_layers(model):
         variables = list(layer._trainable_variables)
         for v in variables:
@@ -463,11 +490,9 @@ def optimizer(distributed, engine, rank: int, n: int):
     clip = getattr(distributed, "global_clipnorm", None)
     if clip and not getattr(engine, "parameters_clip", True):
         raise ConfigError(clip_refusal(clip))
-    cls = optimizer_class(type(distributed), engine, rank, n)
-    out = cls.from_config(distributed.get_config())
-    if "_tfdist_allreduce" in vars(distributed):  # e.g. with_compression's
-        out._tfdist_allreduce = vars(distributed)["_tfdist_allreduce"]
-    return out
+    from tfdist.zero.optimizer import rebuilt
+
+    return rebuilt(optimizer_class(type(distributed), engine, rank, n), distributed)
 
 
 def clip_refusal(clip) -> str:
