@@ -31,6 +31,9 @@ from tfdist.errors import CollectiveMismatchError, PeerLostError
 from tfdist.shm.comm import Communicator
 
 STRESS_CALLS = {2: 1500, 3: 500}  # 3 ranks share 2 cores on the test machine
+# Every collective follows every other: a rank that leaves one early must not write
+# what a slower peer of the same call still reads (an all_gather after an allreduce did).
+STRESS_OPS = ["sum", "mean", "broadcast", "scatter", "gather"]
 STRESS_DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8]
 
 
@@ -54,11 +57,18 @@ def stress_call(i, size):
     the engine must match numpy bit for bit.
     """
     rng = np.random.default_rng([1234, i])
-    op = ["sum", "mean", "broadcast"][rng.integers(3)]
+    op = STRESS_OPS[rng.integers(len(STRESS_OPS))]
     root = int(rng.integers(size))
     big = rng.random() < 0.05
     specs = []
-    for _ in range(int(rng.integers(1, 5))):
+    if op in ("scatter", "gather"):  # one dtype: n parts (scatter) or one part (gather)
+        dtype = STRESS_DTYPES[rng.integers(len(STRESS_DTYPES))]
+        gather_count = int(rng.integers(0, 3000 if big else 70))
+        for _ in range(size if op == "scatter" else 1):
+            count = int(rng.integers(0, 3000 if big else 70)) if op == "scatter" \
+                else gather_count
+            specs.append((dtype, (count,)))
+    for _ in range(0 if specs else int(rng.integers(1, 5))):
         dtype = STRESS_DTYPES[rng.integers(len(STRESS_DTYPES))]
         count = int(rng.integers(0, 3000 if big else 70))
         shape = (count,) if rng.random() < 0.5 or count == 0 else (1, count)
@@ -78,10 +88,18 @@ def stress_call(i, size):
     return op, root, per_rank
 
 
-def stress_expected(op, root, per_rank, size):
-    """What numpy says each collective returns."""
+def stress_expected(op, root, per_rank, size, rank):
+    """What numpy says each collective returns (to `rank`)."""
     if op == "broadcast":
         return per_rank[root]
+    if op == "gather":
+        return [np.concatenate([xs[0] for xs in per_rank])]
+    if op == "scatter":  # rank's part, summed
+        return _sums([[xs[rank]] for xs in per_rank], "sum", size)
+    return _sums(per_rank, op, size)
+
+
+def _sums(per_rank, op, size):
     out = []
     for parts in zip(*per_rank):
         total = parts[0].copy()
@@ -108,9 +126,13 @@ def run_stress(comm, rank, size, calls):
         mine = per_rank[rank]
         if op == "broadcast":
             got = comm.broadcast(mine, root=root)
+        elif op == "gather":
+            got = [comm.all_gather(mine[0])]
+        elif op == "scatter":
+            got = [comm.reduce_scatter(mine)]
         else:
             got = comm.allreduce(mine, average=op == "mean")
-        want = stress_expected(op, root, per_rank, size)
+        want = stress_expected(op, root, per_rank, size, rank)
         for k, (g, w) in enumerate(zip(got, want)):
             if g.dtype != w.dtype or g.shape != w.shape or g.tobytes() != w.tobytes():
                 raise AssertionError(f"call {i} ({op}) tensor {k}: got {g!r}, want {w!r}")

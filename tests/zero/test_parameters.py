@@ -63,15 +63,13 @@ def test_multi_worker_and_compression_are_refused_at_parameters_with_one_line():
         strategies.REGISTRY["shm"].check_config(cfg.typed, _info())
 
 
-def test_global_norm_clipping_is_refused_at_parameters_on_shm_only():
-    cfg = config.merge({}, ["--strategy", "shm", "--shard", "parameters", "--clipnorm", "1"],
-                       "recipe r")
-    with pytest.raises(ConfigError, match="cannot clip by global norm yet") as e:
-        strategies.REGISTRY["shm"].check_config(cfg.typed, _info())
-    assert "Received: --clipnorm 1" in str(e.value) and "\n" not in str(e.value)
-    ok = config.merge({}, ["--strategy", "horovod", "--shard", "parameters", "--clipnorm", "1"],
-                      "recipe r")
-    strategies.REGISTRY["horovod"].check_config(ok.typed, _info())
+def test_global_norm_clipping_is_accepted_at_parameters_on_every_engine():
+    # It was refused on shm while a race in the engine's all_gather (tfdist.shm.comm)
+    # handed some steps a wrong clipping norm.
+    for strategy in ("shm", "horovod"):
+        ok = config.merge({}, ["--strategy", strategy, "--shard", "parameters",
+                               "--clipnorm", "1"], "recipe r")
+        strategies.REGISTRY[strategy].check_config(ok.typed, _info())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -556,7 +556,9 @@ class Communicator:
                     else:
                         out[lo:hi] = reduced
         # result[] is rewritten by the next block's step 2 only after every
-        # rank passed that block's first barrier, i.e. finished this step 3.
+        # rank passed that block's first barrier, i.e. finished this step 3. No
+        # other collective writes result[] (all_gather writes its own mailbox), so
+        # none may follow this one without a barrier between.
 
     @_exclusive
     def reduce_scatter(self, parts, out=None, average: bool = False):
@@ -644,17 +646,23 @@ class Communicator:
         if n == 1:
             return out
         self._begin(GATHER, 0, dt, [(k,)], k)
-        result, step = self._result, max(1, self.chunk_bytes // dt.itemsize)
+        # Each rank's block goes into its own mailbox, mail[r, r] (no other call uses
+        # it), not into result[r]: this write comes before the first barrier, and a
+        # slower peer may still be reading result[r] in the last step of the
+        # allreduce before this call (an allreduce ends without a barrier). Writing
+        # result[r] here once handed that peer this block in place of the sum
+        # (tests/workers/shm_comm.py's stress, which now mixes every collective).
+        mail, step = self._mail, max(1, self.chunk_bytes // dt.itemsize)
         for lo in range(0, max(1, k), step):
             hi = min(k, lo + step)
-            if hi > lo:  # 1. my block into my result row
-                result[r, :(hi - lo) * dt.itemsize].view(dt)[:] = flat[lo:hi]
+            if hi > lo:  # 1. my block into my own mailbox
+                mail[r, r, :(hi - lo) * dt.itemsize].view(dt)[:] = flat[lo:hi]
                 self.bytes_sent += (hi - lo) * dt.itemsize
             self._sync()
             for q in range(n):  # 2. every peer's block, read in place
                 if q != r and hi > lo:
-                    out[q * k + lo:q * k + hi] = result[q, :(hi - lo) * dt.itemsize].view(dt)
-            self._sync()  # result rows are rewritten by the next block only after this
+                    out[q * k + lo:q * k + hi] = mail[q, q, :(hi - lo) * dt.itemsize].view(dt)
+            self._sync()  # mailboxes are rewritten by the next block only after this
         return out
 
     @_exclusive

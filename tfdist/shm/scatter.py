@@ -18,9 +18,6 @@ class ShmScatter:
     """Hashable: a sharded optimizer's class attribute."""
 
     densify_sparse = True  # its all-reduce makes them dense too: no sparse() needed
-    # Global-norm clipping at `--shard parameters` is refused on this engine: 4 workers
-    # ended with unclipped steps in some test runs (a bug not found; tfdist.zero.parameters).
-    parameters_clip = False
 
     def parts(self, pieces, rank: int, name: str):
         """This rank's piece of `pieces` (flat, one per rank or None) averaged over the

@@ -108,11 +108,6 @@ class Shm(Adapter):
 
         buckets.resolve(settings.adapter.bucket_mb, "shm")  # a bad size, refused
         partition.check_config(settings)
-        if partition.level(settings.adapter) == "parameters" and settings.optimization.clipnorm:
-            from tfdist.errors import ConfigError
-            from tfdist.zero.parameters import clip_refusal
-
-            raise ConfigError(clip_refusal(settings.optimization.clipnorm))
         if cluster.is_multi_worker:
             from tfdist.shm import runtime
 
