@@ -174,13 +174,14 @@ def test_the_reference_moved_every_weight(runs):
     assert RTOL == 1e-5
 
 
-# Backups: 2 shm workers at --shard gradients train 2 epochs of digits_mlp under Adam
-# (14 steps each, backups every 4 steps and at epoch ends); copies of their model dir
-# then run to 4 epochs on 1 unsharded process and on 4 workers at --shard parameters
-# (each keeping its rows of the whole weights and slots it reads), and must end with
-# the weights of one uninterrupted single-replica run; the 4 workers' own last backup
-# (written whole, each weight gathered by the chief in turn) and their model.keras
-# (loaded by Keras alone) hold those weights too.
+# Backups: 4 shm workers at --shard parameters train 2 epochs of digits_mlp under Adam
+# (14 steps each, backups every 4 steps and at epoch ends; each weight and slot written
+# whole, gathered by the chief one variable at a time); copies of their model dir then
+# run to 4 epochs in 1 unsharded process, on 2 workers at --shard optimizer (each
+# keeping the slots it owns) and on 2 workers at --shard parameters (each keeping its
+# rows), and must end with the weights of one uninterrupted single-replica run. The
+# resumed runs' own last backups (part files at optimizer, whole at parameters) and
+# model.keras files (loaded by Keras alone) hold those weights too.
 DUMP = os.path.join(WORKERS, "train_dump.py")
 BACKUP_RUN = ["digits_mlp", "--seed", "0", "--deterministic", "--global-batch-size", "96",
               "--optimizer", "adam", "--learning-rate", "0.01", "--verbose", "0",
@@ -196,56 +197,60 @@ def _train(tmp, name, n, strategy, epochs, model_dir, level):
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "300", "--", "python", *args]
 
 
-def test_a_sharded_backup_resumes_on_other_worker_counts_and_unsharded(tmp_path):
+def test_a_parameters_backup_resumes_on_other_worker_counts_levels_and_unsharded(tmp_path):
     from tests.weights import dump_dir_weights, keras_file_weights
 
     first = str(tmp_path / "first")
     procs = run_py_many([_train(tmp_path, "baseline", 1, "single", 4,
                                 str(tmp_path / "baseline"), "none"),
-                         _train(tmp_path, "first", 2, "shm", 2, first, "gradients")], timeout=400)
+                         _train(tmp_path, "first", 4, "shm", 2, first, "parameters")],
+                        timeout=400)
     for proc in procs:
         assert proc.returncode == 0, tail(proc)
+    # At --shard parameters a backup is whole: one replica's format, no part files.
     backups = sorted(os.listdir(os.path.join(first, "backup")))
-    newest = "ckpt-0000000028.npz"
-    # Each worker wrote the slots it owns beside the chief's backup.
-    assert {newest, f"{newest}.slots-0-of-2", f"{newest}.slots-1-of-2"} <= set(backups), backups
-    for rank in (0, 1):
-        part = np.load(os.path.join(first, "backup", f"{newest}.slots-{rank}-of-2"))
-        assert part.files and all("momentum" in k or "velocity" in k for k in part.files)
-    one, four = (str(tmp_path / n) for n in ("one", "four"))
-    for copy in (one, four):
-        shutil.copytree(first, copy)
-    procs = run_py_many([_train(tmp_path, "one", 1, "single", 4, one, "none"),
-                         _train(tmp_path, "four", 4, "shm", 4, four, "parameters")],
-                        timeout=400)
+    assert "ckpt-0000000028.npz" in backups and not [n for n in backups if ".slots-" in n], \
+        backups
+    resumed = {"one": (1, "single", "none"), "optimizer": (2, "shm", "optimizer"),
+               "parameters": (2, "shm", "parameters")}
+    for name in resumed:
+        shutil.copytree(first, str(tmp_path / name))
+    procs = run_py_many([_train(tmp_path, name, n, strategy, 4, str(tmp_path / name), level)
+                         for name, (n, strategy, level) in resumed.items()], timeout=400)
     baseline = dump_dir_weights(str(tmp_path / "dump-baseline"))[0]
-    for name, proc, workers in (("one", procs[0], 1), ("four", procs[1], 4)):
+    for (name, (workers, _, _)), proc in zip(resumed.items(), procs):
         assert proc.returncode == 0, tail(proc)
-        assert "resumed from a 2-replica shm backup" in proc.stdout, tail(proc)
+        assert "resumed from a 4-replica shm backup" in proc.stdout, tail(proc)
         got = dump_dir_weights(str(tmp_path / f"dump-{name}"))
         assert len(got) == workers
         for weights in got:
             assert len(weights) == len(baseline) == 4
             for a, b in zip(weights, baseline):
                 np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)
-    # The sharded run's model.keras is whole and loads: its optimizer group keeps the
-    # shared scalars only (no worker's share of the slots), so Keras skips it, saying so.
-    _assert_loads_without_optimizer_state(os.path.join(first, "model.keras"))
-    # At --shard parameters: the last backup is whole (one replica's format, no part
-    # files), its weights and Adam's moments of full shape; model.keras is the weights.
-    names = sorted(os.listdir(os.path.join(four, "backup")))
-    last = os.path.join(four, "backup", "ckpt-0000000056.npz")
-    assert os.path.basename(last) in names and f"{os.path.basename(last)}.slots-0-of-4" \
-        not in names, names
-    with np.load(last) as npz:
+    # At --shard optimizer each worker wrote the slots it owns beside the chief's backup;
+    # model.keras is whole and loads: its optimizer group keeps the shared scalars only
+    # (no worker's share of the slots), so Keras skips it, saying so.
+    newest = "ckpt-0000000056.npz"
+    sharded = os.path.join(tmp_path, "optimizer")
+    backups = set(os.listdir(os.path.join(sharded, "backup")))
+    assert {newest, f"{newest}.slots-0-of-2", f"{newest}.slots-1-of-2"} <= backups, backups
+    for rank in (0, 1):
+        part = np.load(os.path.join(sharded, "backup", f"{newest}.slots-{rank}-of-2"))
+        assert part.files and all("momentum" in k or "velocity" in k for k in part.files)
+    _assert_loads_without_optimizer_state(os.path.join(sharded, "model.keras"))
+    # At --shard parameters: the last backup is whole, its weights and Adam's moments of
+    # full shape; model.keras is the weights.
+    split = os.path.join(tmp_path, "parameters")
+    names = sorted(os.listdir(os.path.join(split, "backup")))
+    assert newest in names and f"{newest}.slots-0-of-2" not in names, names
+    with np.load(os.path.join(split, "backup", newest)) as npz:
         record = json.loads(npz["meta"].tobytes().decode())
         for i, want in enumerate(baseline):
             np.testing.assert_allclose(npz[f"model_{i}"], want, rtol=RTOL, atol=ATOL)
         moments = [npz[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])
                    if "momentum" in sig[0] or "velocity" in sig[0]]
-    assert [m.shape for m in moments] == [w.shape for w in baseline for _ in (0, 1)] or \
-        sorted(m.shape for m in moments) == sorted(w.shape for w in baseline for _ in (0, 1))
-    saved = keras_file_weights(os.path.join(four, "model.keras"))
+    assert sorted(m.shape for m in moments) == sorted(w.shape for w in baseline for _ in (0, 1))
+    saved = keras_file_weights(os.path.join(split, "model.keras"))
     assert len(saved) == len(baseline)  # no optimizer group: the model alone
     for a, b in zip(saved, baseline):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
