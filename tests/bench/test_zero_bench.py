@@ -17,6 +17,18 @@ def test_expected_saving_is_the_state_the_most_loaded_worker_does_not_own():
     assert zero.expected_saving([20, 2, 2], 2, [10, 1, 1]) == 6
 
 
+def test_parameters_bound_is_a_share_of_the_state_two_layers_and_the_baseline():
+    # 4 workers, 10 bytes of state: ceil(10 / 4) = 3, two layers of 5, a baseline of 7.
+    assert zero.parameters_bound(10, 5, 7, 4) == 3 + 10 + 7
+    assert zero.parameters_bound(8, 0, 0, 2) == 4
+
+
+def test_the_baseline_job_is_the_model_at_8_hidden_units():
+    assert zero.baseline_model("model_parallel_mlp --hidden-units 4096 --optimizer adam") == \
+        "model_parallel_mlp --hidden-units 8 --optimizer adam"
+    assert zero.baseline_model("digits_mlp --optimizer adam") is None
+
+
 def test_parameters_saving_is_all_but_each_padded_share_of_rows():
     # 8 rows on 4 workers: 2 each, 3/4 of state, gradient and weight saved.
     assert zero.parameters_saving([16], [8], [8], 4) == 24
@@ -46,14 +58,17 @@ def _result():
     shm = {"strategy": "shm", "peak_bytes": {**peaks, "parameters": [900 * MIB] * 2},
            "saved_over_expected": {**row["saved_over_expected"], "parameters": 0.93},
            "step_s": {**row["step_s"], "parameters": 2.6},
-           "step_ratio": {**row["step_ratio"], "parameters": 0.65}}
+           "step_ratio": {**row["step_ratio"], "parameters": 0.65},
+           "parameters_bound_bytes": 800 * MIB, "baseline_peak_bytes": 300 * MIB,
+           "parameters_peak_over_bound": 1.125}
     return {"model": "m", "workers": 2, "levels": list(zero.LEVELS), "state_bytes": 514 * MIB,
             "weight_bytes": 257 * MIB,
             "expected_saving_bytes": {"optimizer": 257 * MIB, "gradients": 385 * MIB,
                                       "parameters": 514 * MIB},
             "rows": [shm, row],
             "goals": {"saved_over_expected": 0.8, "step_ratio": 1.1,
-                      "gradients_over_optimizer_step": 1.05}}
+                      "gradients_over_optimizer_step": 1.05, "parameters_step_ratio": 1.3,
+                      "parameters_peak_over_bound": 1.25}}
 
 
 def test_table_and_plot_show_every_strategy():
@@ -63,7 +78,10 @@ def test_table_and_plot_show_every_strategy():
     assert "shm" in text and "multi_worker" in text and "3.40" in text and "0.50" in text
     assert "gradients" in text and "1.25" in text and "0.53" in text
     assert "parameters" in text and "0.93" in text and "0.65" in text
-    assert text.count("parameters") == 2  # shm's row, and the header; multi_worker has none
+    # shm's row, its bound's line, and the goals; multi_worker has none
+    assert text.count("parameters") == 4, text
+    assert "peak / bound (800 MiB, baseline 300): 1.12" in text, text
+    assert "parameters' step ratio <= 1.3, peak / bound <= 1.25" in text
     fig = Figure()
     zero.plot(_result(), fig)
     assert len(fig.axes) == 2

@@ -11,7 +11,12 @@ their gradients (the reduced gradients it no longer receives), at
 "parameters" those and the weights of other workers' rows
 (`parameters_saving`). #41's goal:
 at least 0.8 of that, the step within 10% of the unsharded one; #51's:
-"gradients" within 1.05x of "optimizer".
+"gradients" within 1.05x of "optimizer"; "parameters" within 1.3x of the
+unsharded step, and each worker's peak at most 1.25 x its bound: the training
+state (weights, gradients, optimizer state) over N, two of the largest layer's
+weights (the gathered layer and the next one's prefetch) and one worker's
+baseline, measured as the same job of the model at 8 hidden units
+(`parameters_bound`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1, "nadam": 2, "
 TARGET_SAVED = 0.8  # #41: at least 0.8 x the state a worker no longer holds
 TARGET_STEP = 1.10  # #41: within 10% of the unsharded step
 TARGET_GRADIENTS_STEP = 1.05  # #51: "gradients" within 5% of "optimizer"
+TARGET_PARAMETERS_STEP = 1.3  # #51: "parameters" within 1.3x of the unsharded step
+TARGET_PARAMETERS_PEAK = 1.25  # #51: each worker's peak over `parameters_bound`
+BASELINE_UNITS = "8"  # the baseline job: the model at 8 hidden units (TensorFlow's own)
 MIB = memory.MB
 
 
@@ -97,14 +105,38 @@ def parameters_saving(state_bytes: list[int], weight_bytes: list[int], rows: lis
     return out
 
 
+def parameters_bound(training_state: int, largest_layer: int, baseline: int, n: int) -> int:
+    """Pure function: what a worker at "parameters" may hold, before #51's 1.25x: its
+    share of the training state, two of the largest layer's weights (the layer being
+    gathered and the next one's prefetch) and one worker's baseline.
+
+    Args:
+        training_state: Bytes of every weight, one gradient each, and the optimizer state.
+        largest_layer: Bytes of the largest layer's weights.
+        baseline: One worker's peak on the same job with a tiny model.
+        n: Workers.
+    """
+    return -(-training_state // n) + 2 * largest_layer + baseline
+
+
+def baseline_model(model_text: str) -> str | None:
+    """The model text at `BASELINE_UNITS` hidden units, or None when it has no
+    `--hidden-units` (no baseline job, no bound)."""
+    argv = shlex.split(model_text)
+    if "--hidden-units" not in argv[:-1]:
+        return None
+    i = argv.index("--hidden-units")
+    return shlex.join([*argv[:i + 1], BASELINE_UNITS, *argv[i + 2:]])
+
+
 def _levels_of(strategy: str, levels: list[str]) -> list[str]:
     """The levels `strategy` offers (multi_worker: no "parameters")."""
     return [v for v in levels if not (strategy == "multi_worker" and v == "parameters")]
 
 
-def _state_bytes(model_text: str) -> tuple[list[int], list[int], list[int]]:
+def _state_bytes(model_text: str) -> tuple[list[int], list[int], list[int], int]:
     """Each trainable variable's optimizer-state bytes (slots per weight x its bytes), its
-    bytes, and its first dimension (rows)."""
+    bytes, its first dimension (rows), and the largest layer's weight bytes."""
     from tfdist import config, recipe as recipe_lib
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
@@ -118,7 +150,11 @@ def _state_bytes(model_text: str) -> tuple[list[int], list[int], list[int]]:
 
     sizes = [variable_bytes(v) for v in model.trainable_variables]
     rows = [int(v.shape[0]) if len(v.shape) else 1 for v in model.trainable_variables]
-    return [per * b for b in sizes], sizes, rows
+    layers: dict = {}
+    for v, b in zip(model.trainable_variables, sizes):
+        layer = v.path.rpartition("/")[0]
+        layers[layer] = layers.get(layer, 0) + b
+    return [per * b for b in sizes], sizes, rows, max(layers.values(), default=0)
 
 
 def _levels(text: str) -> list[str]:
@@ -145,13 +181,22 @@ def run(args) -> dict:
         if venv is None:
             raise SystemExit("error: --strategies horovod needs the Horovod venv. HINT: run "
                              "scripts/install_horovod.sh, or pass --venv.")
-    state, weights, rows_of = _state_bytes(args.model)
+    state, weights, rows_of, largest_layer = _state_bytes(args.model)
+    tiny = baseline_model(args.model) if "parameters" in levels else None
     expected = {"optimizer": expected_saving(state, args.workers),
                 "gradients": expected_saving(state, args.workers, weights),
                 "parameters": parameters_saving(state, weights, rows_of, args.workers)}
     base = [*shlex.split(args.model), *COMMON, "--steps-per-epoch", str(args.steps),
             "--threads", str(args.threads), "--save-every-steps", "0"]
     tries = {(s, level): [] for s in strategies for level in levels}
+    baselines = {}
+    for strategy in strategies:
+        if tiny is not None and "parameters" in _levels_of(strategy, levels):
+            argv = [*shlex.split(tiny), *base[len(shlex.split(args.model)):],
+                    "--strategy", strategy]
+            baselines[strategy] = max(p["train_peak_bytes"] for p in _run(
+                argv, args.workers, args.timeout, args.interval_s, warmup=args.warmup,
+                horovod_venv=venv if strategy == "horovod" else None)["processes"])
     for _ in range(max(1, args.repeats)):
         for strategy in strategies:
             for level in _levels_of(strategy, levels):
@@ -170,24 +215,37 @@ def run(args) -> dict:
                  for level in offered}
         saved = {level: [p - s for p, s in zip(peaks["none"], peaks[level])]
                  for level in offered[1:]}
+        bound = None
+        if strategy in baselines:
+            bound = parameters_bound(sum(state) + 2 * sum(weights), largest_layer,
+                                     baselines[strategy], args.workers)
         rows.append({
             "strategy": strategy, "peak_bytes": peaks, "step_s": steps,
+            "baseline_peak_bytes": baselines.get(strategy),
+            "parameters_bound_bytes": bound,
+            "parameters_peak_over_bound": None if bound is None else
+            max(peaks["parameters"]) / bound,
             "saved_over_expected": {v: min(saved[v]) / expected[v] for v in offered[1:]},
             "step_ratio": {v: steps[v] / steps["none"] for v in offered[1:]},
             "loads": [r["load_avg_1m"] for v in offered for r in tries[(strategy, v)]],
             "final_loss": {v: tries[(strategy, v)][-1]["final_loss"] for v in offered}})
     return {"model": args.model, "workers": args.workers, "levels": levels,
             "state_bytes": sum(state), "weight_bytes": sum(weights),
+            "largest_layer_bytes": largest_layer, "baseline_model": tiny,
             "expected_saving_bytes": {v: expected[v] for v in levels[1:]},
             "steps": args.steps, "warmup": args.warmup,
             "repeats": args.repeats, "threads": args.threads, "rows": rows,
             "goals": {"saved_over_expected": TARGET_SAVED, "step_ratio": TARGET_STEP,
-                      "gradients_over_optimizer_step": TARGET_GRADIENTS_STEP},
+                      "gradients_over_optimizer_step": TARGET_GRADIENTS_STEP,
+                      "parameters_step_ratio": TARGET_PARAMETERS_STEP,
+                      "parameters_peak_over_bound": TARGET_PARAMETERS_PEAK},
             "note": "peak = VmHWM up to the last training step; saved = unsharded - sharded "
                     "peak per worker, the least over workers; expected = what the most loaded "
                     "worker no longer holds (optimizer: state; gradients: state and one copy "
-                    "of the gradients; parameters: those and the weights, but its rows); step = median steady step, median over repeats, its "
-                    "ratio to none"}
+                    "of the gradients; parameters: those and the weights, but its rows); "
+                    "step = median steady step, median over repeats, its ratio to none; "
+                    "parameters bound = training state / N + 2 x the largest layer's "
+                    "weights + the peak of the same job at 8 hidden units (baseline)"}
 
 
 def table(result: dict) -> str:
@@ -207,10 +265,18 @@ def table(result: dict) -> str:
             lines.append(f"{row['strategy']:<14}{level:<11}{peak:<30}"
                          f"{'' if saved is None else f'{saved:.2f}':>15}"
                          f"{row['step_s'][level]:>9.3f}{ratio:>7.2f}")
+        if row.get("parameters_bound_bytes"):
+            lines.append(f"{'':<14}parameters' largest peak / bound "
+                         f"({row['parameters_bound_bytes'] / MIB:.0f} MiB, baseline "
+                         f"{row['baseline_peak_bytes'] / MIB:.0f}): "
+                         f"{row['parameters_peak_over_bound']:.2f}")
     goals = result["goals"]
     lines.append(f"goals: saved/expected >= {goals['saved_over_expected']}, step ratio <= "
                  f"{goals['step_ratio']}; gradients' step <= "
                  f"{goals['gradients_over_optimizer_step']} x optimizer's")
+    if "parameters_step_ratio" in goals:
+        lines.append(f"       parameters' step ratio <= {goals['parameters_step_ratio']}, "
+                     f"peak / bound <= {goals['parameters_peak_over_bound']}")
     return "\n".join(lines)
 
 
