@@ -44,15 +44,18 @@ assert CLIPPED in MATRIX_JOBS["single"][1][-1], MATRIX_JOBS["single"]
 SLOTS_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
 # (strategy, workers, --shard levels): each engine at each level it offers, each level
 # at 2 and 4 workers (Horovod's in test_zero_horovod). At "gradients" a worker also
-# keeps only its accumulators; at "parameters" only its rows of every weight (the
-# 4-worker shm job trains both levels in turn: one start-up).
+# keeps only its accumulators; at "parameters" only its rows of every weight (a job of
+# two levels trains them in turn: one start-up).
 LAUNCHED = {("shm", 2, "optimizer"), ("shm", 4, "gradients,parameters"),
-            ("multi_worker", 2, "gradients"), ("multi_worker", 4, "optimizer")}
+            ("multi_worker", 2, "gradients,parameters"),
+            ("multi_worker", 4, "optimizer,parameters")}
 JOBS = {(strategy, n, level) for strategy, n, levels in LAUNCHED
         for level in levels.split(",")}
 # Whole-weight optimizers, trained where a 2-worker job has them: every owner holds
 # whole variables, so their updates are one replica's.
 WHOLE_WEIGHT = {("multi_worker", 2, "gradients"): ("lamb", "adafactor")}
+# The same job at "parameters", where a worker holds rows of every weight: refused.
+REFUSED = {("multi_worker", 2, "parameters"): ("lamb", "adafactor")}
 
 
 def _command(out, strategy, n, levels):
@@ -104,6 +107,10 @@ def test_sharded_workers_equal_one_replica(runs, job):
             for other in workers.values():  # every worker got the owners' values
                 for key, value in cells[cell].items():
                     np.testing.assert_array_equal(other[cell][key], value, err_msg=cell)
+    for optimizer in REFUSED.get(job, ()):  # one line, naming what was received
+        for model in MODELS.split(","):
+            text = cells[f"{model}-{optimizer}"]
+            assert isinstance(text, str) and "Received" in text and "\n" not in text, text
     # Sparse gradients, 2 accumulated half batches: the same step as one full batch.
     _assert_equal_weights(cells["attention-adam-acc2"], reference["attention-adam"],
                           cell=f"{job} attention-adam-acc2")
@@ -155,9 +162,8 @@ def test_every_engine_sums_gradients_onto_their_owners(runs, job):
     # Uncompressed, every engine reduce-scatters at every level (tfdist.zero.scatter):
     # multi_worker at "optimizer" in place of the all-reduce, shm's in place of its
     # DistributedOptimizer's, and at "gradients" in the optimizer's own step.
-    clipped = [] if job[::2] == ("shm", "parameters") else ["attention-sgd-clip"]  # refused
     for worker in runs[job].values():
-        for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + clipped:
+        for row in [f"dense+attention-{o}" for o in OPTIMIZERS] + ["attention-sgd-clip"]:
             state = json.loads(worker[f"state:{row}"])
             assert state["scattered"] is True, (job, row, state)
 
@@ -295,9 +301,10 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
     (`multi_worker._all_true`) is what carries it: with it taken out, worker 0
     (finite rows) applied the step and waited in the all-gather that worker 1
     skipped until the collective timed out, failing this test (tried). On shm every
-    worker checks every all-reduced gradient, so the agreement is redundant there;
-    shm also trains it at `--shard parameters` (the recomputed backward pass cast as
-    the forward pass was), skipping the same step, to the same bits."""
+    worker checks every all-reduced gradient, so the agreement is redundant there.
+    Both also train it at `--shard parameters` (the recomputed backward pass cast as
+    the forward pass was), skipping the same step, to the same bits, and `dist.save`
+    the split model whole."""
     worker = os.path.join(WORKERS, "zero_loss_scale.py")
     strategies = ("shm", "multi_worker")
     commands = [["-m", "tfdist.launch", "-n", "2", "--timeout", "200", "--", "python", worker,
@@ -317,21 +324,21 @@ def test_a_mixed_float16_skip_is_taken_by_every_sharded_worker(tmp_path):
                                                   err_msg=f"{strategy} {run} {key}")
                     np.testing.assert_array_equal(rank[f"{run}:{key[6:]}"],
                                                   ranks[0][f"{run}:{key[6:]}"])
-        if strategy == "shm":  # and at --shard parameters, each worker holding rows
-            for rank in ranks:
-                assert float(rank["parameters_scale"]) == 2.0 ** 14
-                assert int(rank["parameters_iterations"]) == 2
-                for key in (k for k in rank if k.startswith("whole:")):
-                    np.testing.assert_array_equal(rank[f"parameters:{key[6:]}"], rank[key],
-                                                  err_msg=f"parameters {key}")
-            # dist.save of the split model: whole weights, in Keras's file.
-            from tests.weights import keras_file_weights
+        # And at --shard parameters, each worker holding rows.
+        for rank in ranks:
+            assert float(rank["parameters_scale"]) == 2.0 ** 14
+            assert int(rank["parameters_iterations"]) == 2
+            for key in (k for k in rank if k.startswith("whole:")):
+                np.testing.assert_array_equal(rank[f"parameters:{key[6:]}"], rank[key],
+                                              err_msg=f"parameters {key}")
+        # dist.save of the split model: whole weights, in Keras's file.
+        from tests.weights import keras_file_weights
 
-            saved = keras_file_weights(str(tmp_path / strategy / "parameters.keras"))
-            want = [v for k, v in ranks[0].items() if k.startswith("parameters:")]
-            assert len(saved) == len(want) == 3
-            for a, b in zip(saved, want):
-                np.testing.assert_array_equal(a, b)
+        saved = keras_file_weights(str(tmp_path / strategy / "parameters.keras"))
+        want = [v for k, v in ranks[0].items() if k.startswith("parameters:")]
+        assert len(saved) == len(want) == 3
+        for a, b in zip(saved, want):
+            np.testing.assert_array_equal(a, b)
         # Sharded: a's slots (kernel and bias) on worker 0, b's kernel on worker 1.
         for run in ("sharded", "gradients"):
             assert [int(r[f"{run}_slot_bytes"]) for r in ranks] == [72, 48], (strategy, run)

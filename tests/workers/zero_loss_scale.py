@@ -11,7 +11,7 @@ owned by size, `a`'s by worker 0 and `b`'s by worker 1
 (`tfdist.zero.partition.owners`), so worker 0 reads no overflowing row and
 owns no overflowing weight: the skip has to reach it from worker 1. The job trains the
 same model three times from the same start, unsharded, then at `--shard optimizer`
-and at `--shard gradients` (the hooks' `shard`), and under shm a fourth time at `--shard
+and at `--shard gradients` (the hooks' `shard`), and a fourth time at `--shard
 parameters` (each worker holding rows of every weight), 3 steps of Adam at global batch 8;
 writes
 OUT_DIR/worker{R}.npz: each run's weights, loss scale, inner iterations and this
@@ -51,9 +51,8 @@ def main():
     result = {}
     from tfdist.zero import parameters
 
-    runs = [("whole", "none"), ("sharded", "optimizer"), ("gradients", "gradients")]
-    if strategy == "shm":
-        runs.append(("parameters", "parameters"))
+    runs = [("whole", "none"), ("sharded", "optimizer"), ("gradients", "gradients"),
+            ("parameters", "parameters")]
     for key, level in runs:
         dist.hooks.shard = level
         with dist.scope():

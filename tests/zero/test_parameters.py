@@ -42,7 +42,7 @@ def _info():
 
 
 @pytest.mark.parametrize("optimizer", ["lamb", "adafactor", "muon"])
-@pytest.mark.parametrize("strategy", ["shm", "horovod"])
+@pytest.mark.parametrize("strategy", ["shm", "horovod", "multi_worker"])
 def test_whole_weight_optimizers_are_refused_with_one_line(optimizer, strategy):
     cfg = config.merge({}, ["--strategy", strategy, "--shard", "parameters", "--optimizer",
                             optimizer], "recipe r")
@@ -52,11 +52,20 @@ def test_whole_weight_optimizers_are_refused_with_one_line(optimizer, strategy):
     assert "\n" not in str(e.value)
 
 
-def test_multi_worker_and_compression_are_refused_at_parameters_with_one_line():
+def test_a_whole_weight_optimizer_given_to_setup_is_refused_with_one_line():
+    import keras
+
+    for optimizer in (keras.optimizers.Lamb(), keras.optimizers.Adafactor()):
+        with pytest.raises(ConfigError, match="update reads a whole weight") as e:
+            parameters.optimizer(optimizer, _HalfEngine(), 0, 2)
+        assert f"Received: {type(optimizer).__name__}" in str(e.value)
+        assert "\n" not in str(e.value)
+    parameters.optimizer(keras.optimizers.Adam(), _HalfEngine(), 0, 2)  # elementwise: taken
+
+
+def test_compression_is_refused_at_parameters_with_one_line():
     cfg = config.merge({}, ["--strategy", "multi_worker", "--shard", "parameters"], "recipe r")
-    with pytest.raises(ConfigError, match="Use --strategy shm") as e:
-        strategies.REGISTRY["multi_worker"].check_config(cfg.typed, _info())
-    assert "\n" not in str(e.value)
+    strategies.REGISTRY["multi_worker"].check_config(cfg.typed, _info())  # accepted
     cfg = config.merge({}, ["--strategy", "shm", "--shard", "parameters", "--grad-compression",
                             "fp16"], "recipe r")
     with pytest.raises(ConfigError, match="--shard parameters reduce-scatters"):

@@ -2,7 +2,7 @@
 
 For each strategy, side by side in one run and alternated `--repeats` times:
 N workers training the same model at each level of `--levels` (none,
-optimizer, gradients, parameters; multi_worker has no "parameters"). Per worker: the peak resident memory up to the end of
+optimizer, gradients, parameters). Per worker: the peak resident memory up to the end of
 the last training step (VmHWM, `tfdist.bench.memory`), and the run's median
 steady step. Each level's saving is compared with what it removes from the
 most loaded worker (`tfdist.zero.partition`): at "optimizer" the optimizer
@@ -129,11 +129,6 @@ def baseline_model(model_text: str) -> str | None:
     return shlex.join([*argv[:i + 1], BASELINE_UNITS, *argv[i + 2:]])
 
 
-def _levels_of(strategy: str, levels: list[str]) -> list[str]:
-    """The levels `strategy` offers (multi_worker: no "parameters")."""
-    return [v for v in levels if not (strategy == "multi_worker" and v == "parameters")]
-
-
 def _state_bytes(model_text: str) -> tuple[list[int], list[int], list[int], int]:
     """Each trainable variable's optimizer-state bytes (slots per weight x its bytes), its
     bytes, its first dimension (rows), and the largest layer's weight bytes."""
@@ -191,7 +186,7 @@ def run(args) -> dict:
     tries = {(s, level): [] for s in strategies for level in levels}
     baselines = {}
     for strategy in strategies:
-        if tiny is not None and "parameters" in _levels_of(strategy, levels):
+        if tiny is not None:
             argv = [*shlex.split(tiny), *base[len(shlex.split(args.model)):],
                     "--strategy", strategy]
             baselines[strategy] = max(p["train_peak_bytes"] for p in _run(
@@ -199,7 +194,7 @@ def run(args) -> dict:
                 horovod_venv=venv if strategy == "horovod" else None)["processes"])
     for _ in range(max(1, args.repeats)):
         for strategy in strategies:
-            for level in _levels_of(strategy, levels):
+            for level in levels:
                 argv = [*base, "--strategy", strategy,
                         *(["--shard", level] if level != "none" else [])]
                 tries[(strategy, level)].append(_run(
@@ -207,7 +202,7 @@ def run(args) -> dict:
                     horovod_venv=venv if strategy == "horovod" else None))
     rows = []
     for strategy in strategies:
-        offered = _levels_of(strategy, levels)
+        offered = levels
         peaks = {level: [max(r["processes"][w]["train_peak_bytes"] for r in tries[(strategy,
                                                                                    level)])
                          for w in range(args.workers)] for level in offered}
@@ -258,7 +253,7 @@ def table(result: dict) -> str:
              f"{'strategy':<14}{'level':<11}{'peak MiB (each worker)':<30}"
              f"{'saved/expected':>15}{'step s':>9}{'ratio':>7}"]
     for row in result["rows"]:
-        for level in _levels_of(row["strategy"], levels):
+        for level in [v for v in levels if v in row["peak_bytes"]]:
             peak = ",".join(f"{b / MIB:.0f}" for b in row["peak_bytes"][level])
             saved = row["saved_over_expected"].get(level)
             ratio = row["step_ratio"].get(level, 1.0)

@@ -1,8 +1,9 @@
 """Host collectives between the tasks of a MultiWorkerMirroredStrategy.
 
 MultiWorkerMirrored keeps its variables in sync itself, so what a process
-needs from it is agreement (the preemption decision), a mean and a
-barrier; each is one all-reduce compiled once per signature as a
+needs from it is agreement (the preemption decision), a mean, a barrier
+and, at `--shard parameters`, a broadcast of what one task holds alone; each
+is one all-reduce compiled once per signature as a
 tf.function (run eagerly, TensorFlow warns "Using CollectiveAllReduceStrategy
 eagerly has significant overhead" at every call).
 """
@@ -14,6 +15,12 @@ import numpy as np
 from tfdist.collectives import HostCollectives
 from tfdist.compat.tf_peer_errors import lost_task
 from tfdist.errors import PeerLostError
+
+
+# `MWMSCollectives.broadcast`'s pieces: small arrays (a variable's index) padded to 1 Ki
+# elements, others sent in 1 Mi-element pieces (4 MiB of float32).
+_BROADCAST_SMALL = 1 << 10
+_BROADCAST_CHUNK = 1 << 20
 
 
 class MWMSCollectives(HostCollectives):
@@ -35,35 +42,61 @@ class MWMSCollectives(HostCollectives):
         self.task = (resolver.task_type, int(resolver.task_id or 0)) if resolver else None
         self.size = max(1, len(tasks))
         self.rank = tasks.index(self.task) if self.task in tasks else 0
-        self._mean = None
+        self._reduce = {}
 
-    def _compiled_mean(self):
-        if self._mean is None:
+    def _compiled(self, op: str, values):
+        """The all-reduce of `values`' signature: one function per signature, each traced
+        once (a retraced function would have TensorFlow warn)."""
+        key = (op, tuple((tuple(v.shape), v.dtype.name) for v in values))
+        if key not in self._reduce:
             import tensorflow as tf
 
             strategy = self.strategy
+            reduce_op = getattr(tf.distribute.ReduceOp, op)
 
             @tf.function
-            def mean(values):
+            def reduce(values):
                 per_replica = strategy.run(lambda v: [tf.identity(x) for x in v], args=(values,))
                 # Every replica of a task holds the task's value: the mean over
                 # replicas is the mean over tasks (each has as many replicas).
-                return [strategy.reduce(tf.distribute.ReduceOp.MEAN, x, axis=None)
-                        for x in per_replica]
+                return [strategy.reduce(reduce_op, x, axis=None) for x in per_replica]
 
-            self._mean = mean
-        return self._mean
+            self._reduce[key] = reduce
+        return self._reduce[key]
 
     def average(self, arrays) -> list:
         import tensorflow as tf
 
         values = [tf.constant(np.asarray(a)) for a in arrays]
-        return [np.asarray(m.numpy()) for m in self._compiled_mean()(values)]
+        return [np.asarray(m.numpy()) for m in self._compiled("MEAN", values)(values)]
 
     def broadcast(self, arrays, root: int = 0) -> list:
-        raise NotImplementedError(
-            "MultiWorkerMirroredStrategy keeps its variables identical on every task itself; "
-            "tfdist needs no broadcast under it.")
+        """Root's arrays on every task: root's values plus every other task's zeros.
+
+        MultiWorkerMirrored keeps its variables identical itself; this carries
+        what one task holds alone (its rows at `--shard parameters`, read for a
+        backup). x + 0 is x exactly, so root's values arrive as they are. Each
+        array goes in pieces of `_BROADCAST_SMALL` or `_BROADCAST_CHUNK`
+        elements (the last zero-padded): two signatures per dtype, each traced
+        once, however many shapes a backup reads. Needs one replica per task.
+        """
+        import tensorflow as tf
+
+        out = []
+        for a in arrays:
+            a = np.asarray(a)
+            flat = a.reshape(-1) if self.rank == root else np.zeros(a.size, a.dtype)
+            width = _BROADCAST_SMALL if a.size <= _BROADCAST_SMALL else _BROADCAST_CHUNK
+            got = np.empty(a.size, a.dtype)
+            for lo in range(0, max(a.size, 1), width):
+                k = min(width, a.size - lo)
+                piece = np.zeros(width, a.dtype)
+                piece[:k] = flat[lo:lo + k]
+                values = [tf.constant(piece)]
+                (summed,) = self._compiled("SUM", values)(values)
+                got[lo:lo + k] = summed.numpy()[:k]
+            out.append(got.reshape(a.shape))
+        return out
 
     def lost_peer(self, error: BaseException) -> PeerLostError | None:
         found = super().lost_peer(error)

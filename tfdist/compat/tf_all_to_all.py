@@ -59,6 +59,12 @@ def all_to_all(x):
             ordering_token=launcher._get_ordering_token())
 
 
+def all_gather(x):
+    """Every worker's `x` (one shape everywhere) concatenated on axis 0, in worker order,
+    in replica or cross-replica context (inside a tf.function)."""
+    return _launcher().all_gather(x, axis=0)
+
+
 def all_reduce_sum(x):
     """The sum of `x` over the workers, in replica or cross-replica context."""
     return _launcher().all_reduce(x)

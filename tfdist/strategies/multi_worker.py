@@ -222,11 +222,31 @@ class MultiWorkerHooks(Hooks):
                 f"--shard {self.shard} under multi_worker splits the state by worker and "
                 f"needs one replica per worker. Received: {replicas} replicas on "
                 f"{self.cluster.num_workers} workers. Run one device per worker.")
+        if self.shard == "parameters":
+            from tfdist.zero import parameters
+
+            split = parameters.optimizer(optimizer, LauncherScatter(), self.cluster.worker_index,
+                                         self.cluster.num_workers)
+            return allreduce_optimizer.loss_scale_if_float16(split, _all_true)
         gradients = self.shard == "gradients"
         sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
                         self.cluster.num_workers, None if gradients else ReplicaScatter(),
                         level=self.shard, engine=LauncherScatter() if gradients else None)
         return allreduce_optimizer.loss_scale_if_float16(sharded, _all_true)
+
+
+    def split_model(self, model) -> None:
+        if self.shard == "parameters":
+            import tensorflow as tf
+
+            from tfdist.zero import parameters
+            from tfdist.zero.scatter import LauncherScatter
+
+            # MultiWorkerMirrored made every worker's initial values worker 0's.
+            parameters.shard_model(model, LauncherScatter(), self.cluster.worker_index,
+                                   self.cluster.num_workers,
+                                   self.collectives(tf.distribute.get_strategy()),
+                                   broadcast=False)
 
 
 def _all_true(flag):
@@ -256,12 +276,6 @@ class MultiWorker(Adapter):
         from tfdist.zero import partition
 
         partition.check_config(settings)
-        if partition.level(settings.adapter) == "parameters":
-            raise ConfigError(
-                "--shard parameters runs on the engines with one replica per process (shm, "
-                "horovod); multi_worker does not split weights yet. Received: --strategy "
-                "multi_worker --shard parameters. Use --strategy shm (one host) or horovod, "
-                "or --shard gradients here.")
         check_own_port(cluster)  # a busy port, before TensorFlow starts
 
     def startup_note(self):

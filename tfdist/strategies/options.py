@@ -71,9 +71,9 @@ class StrategyOptions:
         min_shard_bytes: parameter_server: smallest shard worth splitting off.
         shard: What each data-parallel worker keeps only its share of:
             "none", "optimizer" (the optimizer state, ZeRO-1), "gradients"
-            (and the reduced gradients and accumulators, ZeRO-2); multi_worker,
-            shm, horovod; or "parameters" (and its rows of every weight,
-            ZeRO-3; shm, horovod) (`tfdist.zero`).
+            (and the reduced gradients and accumulators, ZeRO-2) or
+            "parameters" (and its rows of every weight, ZeRO-3); multi_worker,
+            shm, horovod (`tfdist.zero`).
         shard_optimizer_state: The spelled-out `shard="optimizer"`.
     """
 
@@ -101,7 +101,7 @@ class StrategyOptions:
     shard: str = _declared(Option(
         "none", "what each worker keeps only its 1/N of: optimizer (the optimizer state, "
         "ZeRO-1), gradients (and the reduced gradients and accumulators, ZeRO-2), "
-        "parameters (and the weights, ZeRO-3: shm, horovod); each level includes the one "
+        "parameters (and the weights, ZeRO-3); each level includes the one "
         "before (docs/zero.md)", choices=SHARD_LEVELS))
     shard_optimizer_state: bool = _declared(Option(
         False, "the spelled-out --shard optimizer"))

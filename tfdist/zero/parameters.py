@@ -353,7 +353,8 @@ def split_layers(model) -> list:
     return out
 
 
-def shard_model(model, engine, rank: int, n: int, collectives=None) -> list:
+def shard_model(model, engine, rank: int, n: int, collectives=None,
+                broadcast: bool = True) -> list:
     """Splits the model's leaf layers across the workers, in place (see the module).
 
     Every worker must call it at the same point, on the same built model.
@@ -363,8 +364,10 @@ def shard_model(model, engine, rank: int, n: int, collectives=None) -> list:
         engine: The engine's collectives (`all_gather`, `reduce_rows`, `all_sum`).
         rank: This worker's rank.
         n: Data-parallel workers.
-        collectives: The engine's host collectives: rank 0's initial values are
-            broadcast before each is cut (None: the values are already equal).
+        collectives: The engine's host collectives (a backup's and a final save's
+            reads of whole values go through them).
+        broadcast: Rank 0's initial values are broadcast first (False: they are
+            equal already, as MultiWorkerMirrored's variables are).
 
     Returns:
         The split variables.
@@ -372,20 +375,23 @@ def shard_model(model, engine, rank: int, n: int, collectives=None) -> list:
     import numpy as np
     import tensorflow as tf
 
+    from tfdist.zero.optimizer import _outside_strategy
+
     split = []
     split_state = Split(collectives, n)
     for layer in split_layers(model):
         variables = list(layer._trainable_variables)
         for v in variables:
             value = np.asarray(v.numpy())
-            if collectives is not None:
+            if collectives is not None and broadcast:
                 (value,) = collectives.broadcast([value], 0)
             total = value.shape[0]
             start, stop, per = partition.row_share(total, n, rank)
             mine = np.zeros((per, *value.shape[1:]), value.dtype)
             mine[:stop - start] = value[start:stop]
             del value
-            storage = tf.Variable(mine, trainable=v.trainable, name=v.name)
+            with _outside_strategy():  # this worker's rows (multi_worker would mirror them)
+                storage = tf.Variable(mine, trainable=v.trainable, name=v.name)
             v._value = storage
             v._shape = tuple(mine.shape)
             v._ndim = len(v._shape)
@@ -398,11 +404,19 @@ def shard_model(model, engine, rank: int, n: int, collectives=None) -> list:
 
 @functools.cache
 def optimizer_class(distributed: type, engine, rank: int, n: int) -> type:
-    """A subclass of `distributed` (an engine's DistributedOptimizer class, whose
-    `_clip_gradients` all-reduces through `_tfdist_allreduce`) for split variables.
+    """A subclass of `distributed` for split variables: an engine's DistributedOptimizer
+    class, whose `_clip_gradients` all-reduces through `_tfdist_allreduce` (shm,
+    horovod), or a Keras optimizer class under MultiWorkerMirrored, whose gradients
+    `tfdist.compat.keras_grad_reduction` reduces before Keras's `apply`
+    (`_tfdist_reduce_grads`: the whole variables' only).
+
+    Under a tf.distribute strategy the split variables, their slots and
+    accumulators are this worker's plain variables (its rows), which the
+    strategy's `extended.update` refuses: Keras's update, weight decay and
+    accumulation run on them directly, as Keras's own functions do inside it.
 
     Args:
-        distributed: The DistributedOptimizer class.
+        distributed: The DistributedOptimizer class, or the Keras optimizer class.
         engine: Hashable; the engine's collectives (`all_sum` is used).
         rank: This worker's rank.
         n: Data-parallel workers.
@@ -410,6 +424,64 @@ def optimizer_class(distributed: type, engine, rank: int, n: int) -> type:
     from tfdist.zero.gradients import _keras_base, _set_step
 
     keras_base = _keras_base(distributed)
+
+    def _tfdist_reduce_grads(self, grads, variables):
+        # multi_worker: the whole variables' gradients summed; the split ones arrive
+        # reduced (their reduce-scatter ran in the backward pass).
+        import tensorflow as tf
+
+        ctx = tf.distribute.get_replica_context()
+        out = list(grads)
+        whole = [i for i, (g, v) in enumerate(zip(grads, variables))
+                 if g is not None and rows_of(v) is None]
+        if whole:
+            summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in whole])
+            for i, g in zip(whole, summed):
+                out[i] = g
+        return out
+
+    def _split_apart(variables):
+        """(whole indexes, split indexes) of `variables`: under a strategy only."""
+        import tensorflow as tf
+
+        split = [i for i, v in enumerate(variables) if rows_of(v) is not None] \
+            if tf.distribute.has_strategy() else []
+        taken = set(split)
+        return [i for i in range(len(variables)) if i not in taken], split
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        variables = list(trainable_variables)
+        whole, split = _split_apart(variables)
+        if whole:
+            distributed._backend_update_step(self, [grads[i] for i in whole],
+                                            [variables[i] for i in whole], learning_rate)
+        for i in split:
+            if grads[i] is not None:
+                self.update_step(grads[i], variables[i].value, learning_rate)
+
+    def _apply_weight_decay(self, variables):
+        import tensorflow as tf
+
+        variables = list(variables)
+        whole, split = _split_apart(variables)
+        distributed._apply_weight_decay(self, [variables[i] for i in whole])
+        if self.weight_decay is None:
+            return
+        for i in split:  # Keras's weight_decay_fn (keras/src/backend/tensorflow/optimizer.py)
+            v = variables[i].value
+            if self._use_weight_decay(variables[i]):
+                lr = tf.cast(self.learning_rate, v.dtype)
+                wd = tf.cast(self.weight_decay, v.dtype)
+                v.assign_sub(v * wd * lr)
+
+    def _backend_increment_gradient_accumulators(self, grads, acc_grads):
+        acc_grads = list(acc_grads)
+        whole, split = _split_apart(acc_grads)
+        if whole:
+            distributed._backend_increment_gradient_accumulators(
+                self, [grads[i] for i in whole], [acc_grads[i] for i in whole])
+        for i in split:
+            acc_grads[i].assign(grads[i] + acc_grads[i])
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         variables = list(trainable_variables)
@@ -427,7 +499,8 @@ def optimizer_class(distributed: type, engine, rank: int, n: int) -> type:
         split = self._tfdist_step["split"]
         c = chain()
         whole = [None if s else g for g, s in zip(grads, split)]
-        if any(g is not None for g in whole):
+        # (multi_worker reduced them before Keras's apply: `_tfdist_reduce_grads`)
+        if hasattr(self, "_tfdist_allreduce") and any(g is not None for g in whole):
             with c.next():
                 reduced = self._tfdist_allreduce(whole)
             got = [g for g in reduced if g is not None]
@@ -453,9 +526,23 @@ def optimizer_class(distributed: type, engine, rank: int, n: int) -> type:
         return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
-        slot = keras_base.add_variable_from_reference(self, reference_variable, name=name,
-                                                      initializer=initializer)
         rows = rows_of(reference_variable)
+        if rows is not None:
+            import tensorflow as tf
+
+            from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+            from tfdist.zero.optimizer import _outside_strategy
+
+            # A plain variable of this worker; not colocated through the strategy
+            # (which refuses a variable made outside its scope).
+            with _outside_strategy():
+                add = BaseOptimizer.add_variable_from_reference \
+                    if tf.distribute.has_strategy() else keras_base.add_variable_from_reference
+                slot = add(self, reference_variable, name=name, initializer=initializer)
+        else:
+            slot = keras_base.add_variable_from_reference(self, reference_variable, name=name,
+                                                          initializer=initializer)
         if rows is not None and tuple(slot.shape) == tuple(reference_variable.shape):
             setattr(slot, ROWS, rows)  # this worker's rows of the whole slot
             slot._tfdist_split = reference_variable._tfdist_split
@@ -468,7 +555,11 @@ def optimizer_class(distributed: type, engine, rank: int, n: int) -> type:
                        self._tfdist_size), flush=True)
 
     return type(distributed.__name__, (distributed,), {
+        "_tfdist_reduce_grads": _tfdist_reduce_grads,
         "_backend_apply_gradients": _backend_apply_gradients,
+        "_backend_update_step": _backend_update_step,
+        "_apply_weight_decay": _apply_weight_decay,
+        "_backend_increment_gradient_accumulators": _backend_increment_gradient_accumulators,
         "_clip_gradients": _clip_gradients,
         "add_variable_from_reference": add_variable_from_reference,
         "build": build,
@@ -487,9 +578,31 @@ def optimizer(distributed, engine, rank: int, n: int):
     if getattr(distributed, "built", False):
         raise ValueError("zero.parameters.optimizer() needs an optimizer that has not been "
                          "built.")
+    refuse_whole_weight(distributed)
     from tfdist.zero.optimizer import rebuilt
 
     return rebuilt(optimizer_class(type(distributed), engine, rank, n), distributed)
+
+
+def refuse_whole_weight(optimizer) -> None:
+    """One line for an optimizer whose update reads a whole weight (`tfdist.optim`), which
+    a worker holding rows cannot run: the `tfdist.setup()` path's check (the command
+    line's is `partition.check_config`, before TensorFlow starts).
+
+    Raises:
+        ConfigError: naming the optimizer.
+    """
+    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS
+
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    names = {c.__name__ for c in type(inner).__mro__}
+    found = [n for n in WHOLE_WEIGHT_OPTIMIZERS if n in names]
+    if found:
+        raise ConfigError(
+            f"--shard parameters splits every weight across the workers, and {found[0]}'s "
+            f"update reads a whole weight. Received: {type(inner).__name__} at shard="
+            "\"parameters\". Use shard=\"gradients\" (each worker updates whole variables), "
+            "or another optimizer.")
 
 
 def holdings(variables, slots, rank: int, n: int) -> str:

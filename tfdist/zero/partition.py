@@ -7,6 +7,9 @@ sizes alone.
 from __future__ import annotations
 
 from tfdist.errors import ConfigError
+# Optimizers whose update reads a whole weight: taken where owners hold whole variables
+# ("optimizer", "gradients"), refused at "parameters".
+from tfdist.optim import reads_whole_weights
 
 
 
@@ -95,10 +98,6 @@ def row_share(rows: int, n: int, rank: int) -> tuple[int, int, int]:
     return start, min(start + per, rows), per
 
 
-# Optimizers whose update reads a whole weight (a norm, a factorization, an
-# orthogonalisation): taken where owners hold whole variables, refused at "parameters".
-WHOLE_WEIGHT = ("lamb", "adafactor", "muon")
-
 # What `--shard` splits across the data-parallel workers, each level including the ones
 # before it (docs/zero.md); "none": every worker holds everything.
 LEVELS = ("none", "optimizer", "gradients", "parameters")
@@ -167,7 +166,7 @@ def check_config(settings) -> None:
             "--grad-compression, or use --shard optimizer (its gradients are all-reduced, "
             "compressed).")
     name = settings.optimization.optimizer
-    if shard == "parameters" and name.lower() in WHOLE_WEIGHT:
+    if shard == "parameters" and reads_whole_weights(name):
         raise ConfigError(
             f"--shard parameters splits every weight across the workers, and {name}'s update "
             f"reads a whole weight. Received: --optimizer {name} --shard parameters. Use "

@@ -65,6 +65,19 @@ class LauncherScatter:
 
         return tf_all_to_all.all_reduce_sum(x)
 
+    def all_gather(self, part, name: str):
+        """Every worker's flat `part` (one size everywhere), concatenated in worker order
+        (`--shard parameters`, `tfdist.zero.parameters`)."""
+        from tfdist.compat import tf_all_to_all
+
+        return tf_all_to_all.all_gather(part)
+
+    def reduce_rows(self, flat, rank: int, n: int, name: str):
+        """This worker's n-th of the flat `flat` (n equal parts) summed over the workers."""
+        import tensorflow as tf
+
+        return tf.reshape(self.rows(tf.reshape(flat, [n, -1]), name), [-1])
+
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaScatter:
