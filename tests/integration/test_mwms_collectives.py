@@ -1,7 +1,8 @@
 """tfdist.collectives on MultiWorkerMirrored: 2 real workers (tests/workers/collectives_checks.py).
 
 The preemption agreement and the barrier the trainer uses under multi_worker
-are these calls; here each is checked against values computed by hand. Then
+are these calls, and the broadcast that carries a worker's rows of a weight
+at `--shard parameters`; here each is checked against values computed by hand. Then
 the all-to-all `--shard-optimizer-state` sums gradients with
 (`tfdist.compat.tf_all_to_all`), and the upstream gap it stands in for: the
 reduce-scatter collective has no CPU implementation.
@@ -19,7 +20,7 @@ from tests.conftest import WORKERS, run_py, tail
 pytestmark = pytest.mark.integration
 
 CHECKS = ["average", "any_and_all_agreement", "barrier_waits_for_the_last_rank",
-          "broadcast_is_refused_with_the_reason", "all_to_all_sends_row_q_to_rank_q",
+          "broadcast_carries_the_roots_values", "all_to_all_sends_row_q_to_rank_q",
           "reduce_scatter_has_no_cpu_implementation"]
 
 

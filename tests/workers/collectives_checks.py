@@ -52,9 +52,10 @@ def check(fn):
 
 
 # What MultiWorkerMirrored needs of its host collectives: agreement, a mean, a barrier
-# (it keeps variables and metrics in step itself, so no broadcast or callbacks).
+# (it keeps variables and metrics in step itself, so no callbacks), and a broadcast of
+# what one task holds alone (its rows at --shard parameters).
 MWMS_CHECKS = ("average", "any_and_all_agreement", "barrier_waits_for_the_last_rank",
-               "broadcast_is_refused_with_the_reason", "all_to_all_sends_row_q_to_rank_q",
+               "broadcast_carries_the_roots_values", "all_to_all_sends_row_q_to_rank_q",
                "reduce_scatter_has_no_cpu_implementation")
 
 
@@ -106,15 +107,21 @@ def reduce_scatter_has_no_cpu_implementation():
 
 
 @check
-def broadcast_is_refused_with_the_reason():
-    if ENGINE != "mwms":
-        return
-    try:
-        COLL.broadcast([np.zeros(1)])
-    except NotImplementedError as e:
-        assert "keeps its variables identical" in str(e), e
-    else:
-        raise AssertionError("no error")
+def broadcast_carries_the_roots_values():
+    # Each rank's own values, different everywhere: float32 of several pieces (1 Mi
+    # elements each, the last padded, the first -0.0), an int64 index, an empty array and
+    # float64, from every root in turn, bit for bit.
+    for root in range(SIZE):
+        mine = [np.arange((1 << 20) + 5, dtype=np.float32) * -(RANK + 1.5),
+                np.array([7 + RANK], np.int64), np.zeros((0, 3), np.float32),
+                np.full((2, 3), RANK - 0.25, np.float64)]
+        got = COLL.broadcast(mine, root)
+        want = [np.arange((1 << 20) + 5, dtype=np.float32) * -(root + 1.5),
+                np.array([7 + root], np.int64), np.zeros((0, 3), np.float32),
+                np.full((2, 3), root - 0.25, np.float64)]
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.shape)
+            assert g.tobytes() == w.tobytes(), (root, g[:4], w[:4])
 
 
 def callbacks():

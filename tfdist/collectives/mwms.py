@@ -71,11 +71,12 @@ class MWMSCollectives(HostCollectives):
         return [np.asarray(m.numpy()) for m in self._compiled("MEAN", values)(values)]
 
     def broadcast(self, arrays, root: int = 0) -> list:
-        """Root's arrays on every task: root's values plus every other task's zeros.
+        """Root's arrays on every task: root's values plus every other task's (negative)
+        zeros.
 
         MultiWorkerMirrored keeps its variables identical itself; this carries
         what one task holds alone (its rows at `--shard parameters`, read for a
-        backup). x + 0 is x exactly, so root's values arrive as they are. Each
+        backup). x + -0.0 is x exactly, so root's values arrive as they are. Each
         array goes in pieces of `_BROADCAST_SMALL` or `_BROADCAST_CHUNK`
         elements (the last zero-padded): two signatures per dtype, each traced
         once, however many shapes a backup reads. Needs one replica per task.
@@ -85,12 +86,14 @@ class MWMSCollectives(HostCollectives):
         out = []
         for a in arrays:
             a = np.asarray(a)
-            flat = a.reshape(-1) if self.rank == root else np.zeros(a.size, a.dtype)
+            # -0.0, not 0.0, for floats: x + -0.0 is x for every x, -0.0 included.
+            zero = -0.0 if a.dtype.kind in "fc" else 0
+            flat = a.reshape(-1) if self.rank == root else np.full(a.size, zero, a.dtype)
             width = _BROADCAST_SMALL if a.size <= _BROADCAST_SMALL else _BROADCAST_CHUNK
             got = np.empty(a.size, a.dtype)
             for lo in range(0, max(a.size, 1), width):
                 k = min(width, a.size - lo)
-                piece = np.zeros(width, a.dtype)
+                piece = np.full(width, zero, a.dtype)
                 piece[:k] = flat[lo:lo + k]
                 values = [tf.constant(piece)]
                 (summed,) = self._compiled("SUM", values)(values)
