@@ -62,8 +62,9 @@ def _command(out, strategy, n, levels):
     level = levels.split(",")[0]
     optimizers = OPTIMIZERS + WHOLE_WEIGHT.get((strategy, n, level), ())
     args = [WORKER, strategy, out, "--models", MODELS, "--optimizers", ",".join(optimizers)]
-    # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several.
-    chunks = ["--gather-chunk-elements", "100"] if strategy == "multi_worker" else []
+    # multi_worker's all_gathers in pieces of 100 elements: rows of a weight in several
+    # (in the 2-worker job: the 4-worker one's many more collectives would cost time).
+    chunks = ["--gather-chunk-elements", "100"] if (strategy, n) == ("multi_worker", 2) else []
     shard = ["--shard-optimizer-state"] if levels == "optimizer" else ["--shard", levels]
     return ["-m", "tfdist.launch", "-n", str(n), "--timeout", "400", "--", "python", *args,
             "--variants", VARIANTS, *shard, *chunks]
