@@ -69,6 +69,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from tfdist.compat import py_resource_tracker_sigmask
 from tfdist.errors import ClusterError, CollectiveMismatchError, PeerLostError
 from tfdist.shm import semaphores
 
@@ -298,6 +299,7 @@ class Communicator:
             remove_stale_segments()
             _check_space(self.nbytes)
             name = f"{_SEGMENT_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
+            py_resource_tracker_sigmask.ensure_running()  # the signals stay blocked
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.nbytes)
             self._shm.buf[:self._mail_off] = bytes(self._mail_off)
             header = np.ndarray((self._mail_off,), np.uint8, self._shm.buf)
@@ -360,6 +362,7 @@ class Communicator:
                     "never started.\nHINT: worker 0's address in TF_CONFIG must be a free port "
                     "on this host (tfdist.launch picks one).") from None
             self._root.settimeout(None)
+            py_resource_tracker_sigmask.ensure_running()  # the signals stay blocked
             self._shm = shared_memory.SharedMemory(name=name, create=False)
             _untrack(self._shm)
         # Everyone attached: rank 0 may drop the name, the mapping lives on
