@@ -28,6 +28,19 @@ def reads_whole_weights(name: str) -> bool:
     return name.lower() in {n.lower() for n in WHOLE_WEIGHT_OPTIMIZERS}
 
 
+def whole_weight_optimizer(optimizer):
+    """The optimizer instance (a LossScaleOptimizer's inner one) when it is one of
+    `WHOLE_WEIGHT_OPTIMIZERS` (or a subclass), else None."""
+    import keras
+
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    for name in WHOLE_WEIGHT_OPTIMIZERS:
+        cls = getattr(keras.optimizers, name, None)
+        if cls is not None and isinstance(inner, cls):
+            return inner
+    return None
+
+
 def check(options) -> None:
     """Validates how optimizer options combine (each one's own range is
     `tfdist.config`'s); no TensorFlow needed.

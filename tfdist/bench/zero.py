@@ -181,14 +181,14 @@ def run(args) -> dict:
     expected = {"optimizer": expected_saving(state, args.workers),
                 "gradients": expected_saving(state, args.workers, weights),
                 "parameters": parameters_saving(state, weights, rows_of, args.workers)}
-    base = [*shlex.split(args.model), *COMMON, "--steps-per-epoch", str(args.steps),
-            "--threads", str(args.threads), "--save-every-steps", "0"]
+    common = [*COMMON, "--steps-per-epoch", str(args.steps), "--threads", str(args.threads),
+              "--save-every-steps", "0"]
+    base = [*shlex.split(args.model), *common]
     tries = {(s, level): [] for s in strategies for level in levels}
     baselines = {}
     for strategy in strategies:
         if tiny is not None:
-            argv = [*shlex.split(tiny), *base[len(shlex.split(args.model)):],
-                    "--strategy", strategy]
+            argv = [*shlex.split(tiny), *common, "--strategy", strategy]
             baselines[strategy] = max(p["train_peak_bytes"] for p in _run(
                 argv, args.workers, args.timeout, args.interval_s, warmup=args.warmup,
                 horovod_venv=venv if strategy == "horovod" else None)["processes"])
@@ -202,14 +202,13 @@ def run(args) -> dict:
                     horovod_venv=venv if strategy == "horovod" else None))
     rows = []
     for strategy in strategies:
-        offered = levels
         peaks = {level: [max(r["processes"][w]["train_peak_bytes"] for r in tries[(strategy,
                                                                                    level)])
-                         for w in range(args.workers)] for level in offered}
+                         for w in range(args.workers)] for level in levels}
         steps = {level: statistics.median(r["median_step_s"] for r in tries[(strategy, level)])
-                 for level in offered}
+                 for level in levels}
         saved = {level: [p - s for p, s in zip(peaks["none"], peaks[level])]
-                 for level in offered[1:]}
+                 for level in levels[1:]}
         bound = None
         if strategy in baselines:
             bound = parameters_bound(sum(state) + 2 * sum(weights), largest_layer,
@@ -220,10 +219,10 @@ def run(args) -> dict:
             "parameters_bound_bytes": bound,
             "parameters_peak_over_bound": None if bound is None else
             max(peaks["parameters"]) / bound,
-            "saved_over_expected": {v: min(saved[v]) / expected[v] for v in offered[1:]},
-            "step_ratio": {v: steps[v] / steps["none"] for v in offered[1:]},
-            "loads": [r["load_avg_1m"] for v in offered for r in tries[(strategy, v)]],
-            "final_loss": {v: tries[(strategy, v)][-1]["final_loss"] for v in offered}})
+            "saved_over_expected": {v: min(saved[v]) / expected[v] for v in levels[1:]},
+            "step_ratio": {v: steps[v] / steps["none"] for v in levels[1:]},
+            "loads": [r["load_avg_1m"] for v in levels for r in tries[(strategy, v)]],
+            "final_loss": {v: tries[(strategy, v)][-1]["final_loss"] for v in levels}})
     return {"model": args.model, "workers": args.workers, "levels": levels,
             "state_bytes": sum(state), "weight_bytes": sum(weights),
             "largest_layer_bytes": largest_layer, "baseline_model": tiny,

@@ -57,8 +57,6 @@ def check_optimizer(optimizer, layers) -> None:
     Raises:
         ConfigError: naming the optimizer, the first split layer and what to use instead.
     """
-    import keras
-
     from tfdist.errors import ConfigError
 
     split = [layer.name for layer in layers if is_tensor_parallel(layer)]
@@ -72,13 +70,11 @@ def check_optimizer(optimizer, layers) -> None:
             f"{inner.clipnorm}), but {where} hold each weight as shards, so each shard would "
             "be clipped alone. Use global_clipnorm (tfdist's --clipnorm is global), "
             "or no tensor parallelism.")
-    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS
+    from tfdist.optim import whole_weight_optimizer
 
-    for name in WHOLE_WEIGHT_OPTIMIZERS:
-        cls = getattr(keras.optimizers, name, None)
-        if cls is not None and isinstance(inner, cls):
-            raise ConfigError(
-                f"{type(inner).__name__} scales each variable's step by statistics of the "
-                f"whole variable, but {where} hold each weight as shards, so each shard "
-                "would take its own step, unlike one device. Use an elementwise optimizer "
-                "(adam, adamw, sgd, rmsprop, lion, ...) or no tensor parallelism.")
+    if whole_weight_optimizer(inner) is not None:
+        raise ConfigError(
+            f"{type(inner).__name__} scales each variable's step by statistics of the "
+            f"whole variable, but {where} hold each weight as shards, so each shard "
+            "would take its own step, unlike one device. Use an elementwise optimizer "
+            "(adam, adamw, sgd, rmsprop, lion, ...) or no tensor parallelism.")

@@ -225,15 +225,14 @@ class MultiWorkerHooks(Hooks):
         if self.shard == "parameters":
             from tfdist.zero import parameters
 
-            split = parameters.optimizer(optimizer, LauncherScatter(), self.cluster.worker_index,
-                                         self.cluster.num_workers)
-            return allreduce_optimizer.loss_scale_if_float16(split, _all_true)
-        gradients = self.shard == "gradients"
-        sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
-                        self.cluster.num_workers, None if gradients else ReplicaScatter(),
-                        level=self.shard, engine=LauncherScatter() if gradients else None)
+            sharded = parameters.optimizer(optimizer, LauncherScatter(),
+                                           self.cluster.worker_index, self.cluster.num_workers)
+        else:
+            gradients = self.shard == "gradients"
+            sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
+                            self.cluster.num_workers, None if gradients else ReplicaScatter(),
+                            level=self.shard, engine=LauncherScatter() if gradients else None)
         return allreduce_optimizer.loss_scale_if_float16(sharded, _all_true)
-
 
     def split_model(self, model) -> None:
         if self.shard == "parameters":

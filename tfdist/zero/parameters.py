@@ -592,15 +592,14 @@ def refuse_whole_weight(optimizer) -> None:
     Raises:
         ConfigError: naming the optimizer.
     """
-    from tfdist.optim import WHOLE_WEIGHT_OPTIMIZERS
+    from tfdist.optim import whole_weight_optimizer
 
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    names = {c.__name__ for c in type(inner).__mro__}
-    found = [n for n in WHOLE_WEIGHT_OPTIMIZERS if n in names]
-    if found:
+    inner = whole_weight_optimizer(optimizer)
+    if inner is not None:
         raise ConfigError(
-            f"--shard parameters splits every weight across the workers, and {found[0]}'s "
-            f"update reads a whole weight. Received: {type(inner).__name__} at shard="
+            f"--shard parameters splits every weight across the workers, and "
+            f"{type(inner).__name__}'s update reads a whole weight. Received: "
+            f"{type(inner).__name__} at shard="
             "\"parameters\". Use shard=\"gradients\" (each worker updates whole variables), "
             "or another optimizer.")
 
