@@ -26,6 +26,7 @@ from tfdist.model_dir import BACKUP_DIR
 
 from tfdist.writer import ChiefWriter
 from tfdist.zero import backup as zero_backup
+from tfdist.zero import row_parts
 from tfdist.zero.optimizer import is_shard_slot
 
 
@@ -41,7 +42,9 @@ from tfdist.zero.optimizer import is_shard_slot
 # beside it, and the chief's file holds the rest (`tfdist.zero.backup`); and
 # except for variables living in several processes (`placed`: pipeline stages in
 # their own processes), where each task writes its own variables
-# (`tfdist.backup_parts`) and the chief's file is the index: the record alone.
+# (`tfdist.backup_parts`) and the chief's file is the index: the record alone;
+# and except at --shard parameters, where each worker writes its rows of every
+# split variable beside it (`tfdist.zero.row_parts`).
 
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
@@ -177,15 +180,32 @@ class BackupStore:
             meta: What identifies the run (recipe, global_batch_size, ...) and
                 what ran it (strategy, num_replicas), recorded as given.
         """
-        # --shard parameters: a split variable is written whole, gathered by the chief one
-        # at a time while the others serve its requests (`zero.parameters.Split`).
-        model_vars, optimizer_vars, split, served = _whole(model_vars, optimizer_vars)
+        # --shard parameters: each worker writes its rows of the split variables, the
+        # chief the rest and the record (`zero.row_parts`); nothing is gathered.
+        model_vars, optimizer_vars, split, _ = _whole(model_vars, optimizer_vars)
         if split is not None:
-            return split.chief_writes(served, self.writer.is_chief, lambda: self._save(
-                state, model_vars, optimizer_vars, meta))
+            return self._save_rows(state, model_vars, optimizer_vars, meta, split)
         return self._save(state, model_vars, optimizer_vars, meta)
 
-    def _save(self, state: TrainState, model_vars, optimizer_vars, meta: dict) -> str | None:
+    def _save_rows(self, state: TrainState, model_vars, optimizer_vars, meta: dict,
+                   split) -> str | None:
+        """Each worker's rows to its part, then (all parts in place) the chief's file."""
+        from tfdist.zero import parameters
+
+        entries = {}
+        for prefix, variables in (("model", model_vars), ("opt", optimizer_vars)):
+            for i, v in enumerate(variables):
+                if isinstance(v, parameters.Whole):
+                    start, stop, _, _ = parameters.rows_of(v.variable)
+                    entries[f"{prefix}_{i}"] = (start, stop, v.variable.numpy)
+        row_parts.save(self.path_for(state.global_step), split.rank, split.n, entries)
+        split.barrier()  # the chief's record, which names the parts, comes after every part
+        return self._save(state, model_vars, optimizer_vars,
+                          {**meta, "row_parts": split.n, "row_keys": sorted(entries)},
+                          written=set(entries))
+
+    def _save(self, state: TrainState, model_vars, optimizer_vars, meta: dict,
+              written: set = frozenset()) -> str | None:
         shared = [v for v in optimizer_vars if not is_shard_slot(v)]
         if self.shard is not None:  # every worker writes the slots it owns, the chief the rest
             self._save_part(self.path_for(state.global_step),
@@ -200,6 +220,8 @@ class BackupStore:
         # entries by name, and the meta record, which holds the digest, comes last.
         variables = {f"model_{i}": v for i, v in enumerate(model_vars)}
         variables.update({f"opt_{i}": v for i, v in enumerate(optimizer_vars)})
+        for key in written:  # in the workers' row parts
+            del variables[key]
         target = self.path_for(state.global_step)
         if self.placed:  # each task writes its own; the index names the parts, written last
             # A new name each time: a second save of the same step never touches the
@@ -229,7 +251,7 @@ class BackupStore:
         path = self.writer.write_file(target, write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:
             self.writer.remove(old)
-            for part in zero_backup.existing_parts(old):
+            for part in zero_backup.existing_parts(old) + row_parts.existing_parts(old):
                 self.writer.remove(part)
         self._remove_orphan_parts()
         return path
@@ -243,6 +265,12 @@ class BackupStore:
                 kept.add(self.read_record(path).get("parts_dir"))
         for name in os.listdir(self.directory):
             if backup_parts.PARTS in name and name not in kept:
+                self.writer.remove(os.path.join(self.directory, name))
+        # Row parts of a save that never got its record (a worker killed before it).
+        have = {os.path.basename(p) for p in self.paths()}
+        for name in os.listdir(self.directory):
+            base, rows, rest = name.partition(".rows-")
+            if rows and rest.split("-of-")[-1].isdigit() and base not in have:
                 self.writer.remove(os.path.join(self.directory, name))
 
     def _save_part(self, path: str, slots) -> None:
@@ -300,7 +328,11 @@ class BackupStore:
         if h.hexdigest() != record.get("sha256"):
             raise CheckpointError(f"Backup {path} is corrupt: its arrays do not match the "
                                   f"SHA-256 recorded when it was written. {hint}")
-        return record, _Arrays(path, keys)
+        arrays = _Arrays(path, keys)
+        if record.get("row_parts"):  # --shard parameters: the split variables' rows beside it
+            arrays = row_parts.RowArrays(arrays, path, row_parts.check(
+                path, record["row_parts"], record.get("row_keys", [])))
+        return record, arrays
 
     @staticmethod
     def check_compatible(path: str, record: dict, expected: dict,
@@ -452,10 +484,15 @@ class BackupStore:
             order: As `check_compatible` returns (None: by position).
         """
         order = order or {}
+        row_keys = set(getattr(arrays, "row_keys", ()))
         for what, prefix, variables in (("model", "model", model_vars),
                                         ("optimizer", "opt", optimizer_vars)):
             for step, v in zip(order.get(what, range(len(variables))), variables):
-                v.assign(value_of(step, arrays, prefix))
+                key = f"{prefix}_{step}"
+                if key in row_keys and hasattr(v, "assign_rows"):  # only the rows held here
+                    v.assign_rows(lambda start, stop, key=key: arrays.rows(key, start, stop))
+                else:
+                    v.assign(value_of(step, arrays, prefix))
 
 
 def value_of(step, arrays, prefix: str):

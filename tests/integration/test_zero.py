@@ -30,6 +30,7 @@ from tests.conftest import WORKERS, run_py, run_py_many, tail
 from tests.integration.test_equality_matrix import (ATOL, JOBS as MATRIX_JOBS, RTOL,
                                                     _assert_equal_weights, _load,
                                                     single_reference)
+from tfdist.checkpoint import BackupStore
 
 pytestmark = pytest.mark.integration
 
@@ -214,10 +215,15 @@ def test_a_parameters_backup_resumes_on_other_worker_counts_levels_and_unsharded
                         timeout=400)
     for proc in procs:
         assert proc.returncode == 0, tail(proc)
-    # At --shard parameters a backup is whole: one replica's format, no part files.
+    # At --shard parameters each worker wrote its rows beside the chief's record, which
+    # holds no split variable (no process gathered one).
     backups = sorted(os.listdir(os.path.join(first, "backup")))
-    assert "ckpt-0000000028.npz" in backups and not [n for n in backups if ".slots-" in n], \
-        backups
+    written = "ckpt-0000000028.npz"
+    assert [n for n in backups if n.startswith(written)] == [
+        written, *(f"{written}.rows-{r}-of-4" for r in range(4))], backups
+    with np.load(os.path.join(first, "backup", written)) as npz:
+        record = json.loads(npz["meta"].tobytes().decode())
+        assert record["row_keys"] and not set(record["row_keys"]) & set(npz.files)
     resumed = {"one": (1, "single", "none"), "optimizer": (2, "shm", "optimizer"),
                "parameters": (2, "shm", "parameters")}
     for name in resumed:
@@ -245,17 +251,16 @@ def test_a_parameters_backup_resumes_on_other_worker_counts_levels_and_unsharded
         part = np.load(os.path.join(sharded, "backup", f"{newest}.slots-{rank}-of-2"))
         assert part.files and all("momentum" in k or "velocity" in k for k in part.files)
     _assert_loads_without_optimizer_state(os.path.join(sharded, "model.keras"))
-    # At --shard parameters: the last backup is whole, its weights and Adam's moments of
-    # full shape; model.keras is the weights.
+    # At --shard parameters: the 2 workers' last backup is their rows, read whole as one
+    # replica's (weights, Adam's moments of full shape); model.keras is the weights.
     split = os.path.join(tmp_path, "parameters")
     names = sorted(os.listdir(os.path.join(split, "backup")))
-    assert newest in names and f"{newest}.slots-0-of-2" not in names, names
-    with np.load(os.path.join(split, "backup", newest)) as npz:
-        record = json.loads(npz["meta"].tobytes().decode())
-        for i, want in enumerate(baseline):
-            np.testing.assert_allclose(npz[f"model_{i}"], want, rtol=RTOL, atol=ATOL)
-        moments = [npz[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])
-                   if "momentum" in sig[0] or "velocity" in sig[0]]
+    assert {newest, f"{newest}.rows-0-of-2", f"{newest}.rows-1-of-2"} <= set(names), names
+    record, arrays = BackupStore.load(os.path.join(split, "backup", newest))
+    for i, want in enumerate(baseline):
+        np.testing.assert_allclose(arrays[f"model_{i}"], want, rtol=RTOL, atol=ATOL)
+    moments = [arrays[f"opt_{i}"] for i, sig in enumerate(record["optimizer_signature"])
+               if "momentum" in sig[0] or "velocity" in sig[0]]
     assert sorted(m.shape for m in moments) == sorted(w.shape for w in baseline for _ in (0, 1))
     saved = keras_file_weights(os.path.join(split, "model.keras"))
     assert len(saved) == len(baseline)  # no optimizer group: the model alone

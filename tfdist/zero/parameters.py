@@ -232,13 +232,25 @@ class Split:
     So the chief holds one whole variable at a time, never the whole model,
     and it may ask in any order (Keras's writers pick theirs).
 
+    Backups do not go through it: each worker writes its own rows
+    (`tfdist.zero.row_parts`), and `barrier` orders the chief's record after them.
+
     Args:
         collectives: The engine's host collectives (rank 0 is the chief).
         n: Workers.
+        rank: This worker's rank.
     """
 
-    def __init__(self, collectives, n: int):
-        self.collectives, self.n = collectives, n
+    def __init__(self, collectives, n: int, rank: int = 0):
+        self.collectives, self.n, self.rank = collectives, n, rank
+
+    def barrier(self) -> None:
+        """Returns on every worker once every worker has called it (one broadcast from
+        each, so the chief has heard from all)."""
+        import numpy as np
+
+        for q in range(self.n):
+            self.collectives.broadcast([np.zeros(1, np.int64)], q)
 
     def gather(self, variable):
         """Every worker's rows of `variable`, as one array (every worker calls it)."""
@@ -303,10 +315,16 @@ class Whole:
     def assign(self, value):
         import numpy as np
 
-        start, stop, per, _ = rows_of(self.variable)
-        value = np.asarray(value)
-        mine = np.zeros((per, *value.shape[1:]), value.dtype)
-        mine[:stop - start] = value[start:stop]
+        self.assign_rows(lambda a, b: np.asarray(value)[a:b])
+
+    def assign_rows(self, read):
+        """Keeps this worker's rows of the whole value: `read(start, stop)` gives them."""
+        import numpy as np
+
+        start, stop, _, _ = rows_of(self.variable)
+        mine = np.zeros_like(self.variable.numpy())  # the padded share, zero past `stop`
+        if stop > start:
+            mine[:stop - start] = read(start, stop)
         self.variable.assign(mine)
 
 
@@ -378,7 +396,7 @@ def shard_model(model, engine, rank: int, n: int, collectives=None,
     from tfdist.zero.optimizer import _outside_strategy
 
     split = []
-    split_state = Split(collectives, n)
+    split_state = Split(collectives, n, rank)
     for layer in split_layers(model):
         variables = list(layer._trainable_variables)
         for v in variables:
