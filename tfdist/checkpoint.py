@@ -19,32 +19,23 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tfdist import backup_parts, reshard
+from tfdist import backup_layouts, backup_parts, reshard
 from tfdist.errors import CheckpointError
 from tfdist.model_dir import BACKUP_DIR
-
-
+from tfdist.npz_stream import hash_array, write_npy
 from tfdist.writer import ChiefWriter
-from tfdist.zero import backup as zero_backup
-from tfdist.zero import row_parts
 from tfdist.zero.optimizer import is_shard_slot
-
 
 # A backup is one .npz file, written by the chief only, atomically, holding
 # every model variable (weights, non-trainable state, RNG seed-generator
 # state), every optimizer variable, and a JSON record of where training was
 # (epoch, step in epoch, global step), what wrote it (recipe, variable
 # signature, global batch, and, for the record only, the strategy and replica
-# count) and a SHA-256 of the arrays. Values are
-# read from mirrored variables locally, which needs no collective, so other
-# workers never write anything, not even to a temporary place; except under
-# --shard-optimizer-state, where each worker writes the optimizer slots it owns
-# beside it, and the chief's file holds the rest (`tfdist.zero.backup`); and
-# except for variables living in several processes (`placed`: pipeline stages in
-# their own processes), where each task writes its own variables
-# (`tfdist.backup_parts`) and the chief's file is the index: the record alone;
-# and except at --shard parameters, where each worker writes its rows of every
-# split variable beside it (`tfdist.zero.row_parts`).
+# count) and a SHA-256 of the arrays. Values are read from mirrored variables
+# locally, which needs no collective, so other workers never write anything,
+# not even to a temporary place; except where a layout puts parts beside it
+# (`tfdist.backup_layouts`: each sharded worker's slots or rows, each stage
+# process's variables), each written by the process that holds them.
 
 BACKUP_FORMAT = 1
 _PREFIX, _SUFFIX = "ckpt-", ".npz"
@@ -117,20 +108,8 @@ def match_by_path(got: list, want: list) -> list[int] | None:
 def _digest(arrays: dict) -> str:
     h = hashlib.sha256()
     for key in sorted(arrays):
-        _hash_array(h, key, arrays[key])
+        hash_array(h, key, arrays[key])
     return h.hexdigest()
-
-
-def _hash_array(h, key: str, array) -> None:
-    """One array's part of `_digest` (arrays are hashed in sorted key order)."""
-    h.update(key.encode())
-    h.update(np.ascontiguousarray(array))  # the bytes `tobytes()` gives, without the copy
-
-
-def _write_npy(npz: zipfile.ZipFile, key: str, array) -> None:
-    """Adds `key.npy` to an open .npz as `np.savez` does (stored, zip64 forced)."""
-    with npz.open(f"{key}.npy", "w", force_zip64=True) as f:
-        np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
 
 
 class BackupStore:
@@ -156,6 +135,7 @@ class BackupStore:
         self.keep = max(1, keep)
         self.skipped: list[tuple[str, str]] = []  # (path, why) passed over by `resume`
         self.record: dict | None = None  # the meta record `resume` restored from
+        self.layout = None  # how this run's backups are stored (`tfdist.backup_layouts`)
 
     def paths(self) -> list[str]:
         """Backup files, oldest first."""
@@ -180,57 +160,19 @@ class BackupStore:
             meta: What identifies the run (recipe, global_batch_size, ...) and
                 what ran it (strategy, num_replicas), recorded as given.
         """
-        # --shard parameters: each worker writes its rows of the split variables, the
-        # chief the rest and the record (`zero.row_parts`); nothing is gathered.
         model_vars, optimizer_vars, split, _ = _whole(model_vars, optimizer_vars)
-        if split is not None:
-            return self._save_rows(state, model_vars, optimizer_vars, meta, split)
-        return self._save(state, model_vars, optimizer_vars, meta)
-
-    def _save_rows(self, state: TrainState, model_vars, optimizer_vars, meta: dict,
-                   split) -> str | None:
-        """Each worker's rows to its part, then (all parts in place) the chief's file."""
-        from tfdist.zero import parameters
-
-        entries = {}
-        for prefix, variables in (("model", model_vars), ("opt", optimizer_vars)):
-            for i, v in enumerate(variables):
-                if isinstance(v, parameters.Whole):
-                    start, stop, _, _ = parameters.rows_of(v.variable)
-                    entries[f"{prefix}_{i}"] = (start, stop, v.variable.numpy)
-        row_parts.save(self.path_for(state.global_step), split.rank, split.n, entries)
-        split.barrier()  # the chief's record, which names the parts, comes after every part
-        return self._save(state, model_vars, optimizer_vars,
-                          {**meta, "row_parts": split.n, "row_keys": sorted(entries)},
-                          written=set(entries))
-
-    def _save(self, state: TrainState, model_vars, optimizer_vars, meta: dict,
-              written: set = frozenset()) -> str | None:
-        shared = [v for v in optimizer_vars if not is_shard_slot(v)]
-        if self.shard is not None:  # every worker writes the slots it owns, the chief the rest
-            self._save_part(self.path_for(state.global_step),
-                            [v for v in optimizer_vars if is_shard_slot(v) and _size(v)])
-            meta = {**meta, "slot_parts": self.shard[1]}
-            optimizer_vars = shared
+        if self.layout is None:  # chosen once, from the store's options and the variables
+            self.layout = backup_layouts.for_run(self.directory, self.writer.is_chief,
+                                                 self.shard, self.placed, split)
+        target = self.path_for(state.global_step)
+        chief = self.layout.write(target, model_vars, optimizer_vars, meta)  # every worker
         if not self.writer.is_chief:
             return None  # not even the arrays are read: nothing to write them to
         # One array at a time: read, hash, write, drop, so the chief never holds a copy
         # of every pipeline stage's weights and slots at once (#29). The entries go in
         # the digest's (sorted) order so each variable is read once; the loader reads
         # entries by name, and the meta record, which holds the digest, comes last.
-        variables = {f"model_{i}": v for i, v in enumerate(model_vars)}
-        variables.update({f"opt_{i}": v for i, v in enumerate(optimizer_vars)})
-        for key in written:  # in the workers' row parts
-            del variables[key]
-        target = self.path_for(state.global_step)
-        if self.placed:  # each task writes its own; the index names the parts, written last
-            # A new name each time: a second save of the same step never touches the
-            # parts of the backup it replaces until its own index is in place.
-            parts_dir = (f"{os.path.basename(target)}{backup_parts.PARTS}"
-                         f"{os.getpid()}-{os.urandom(4).hex()}")
-            meta = {**meta, "parts_dir": parts_dir,
-                    "parts": backup_parts.save(os.path.join(self.directory, parts_dir), variables)}
-            variables = {}
+        variables, optimizer_vars = chief.entries, chief.optimizer_vars
 
         def write(tmp):
             h = hashlib.sha256()
@@ -238,20 +180,21 @@ class BackupStore:
                                  allowZip64=True) as npz:
                 for key in sorted(variables):
                     array = np.asarray(variables[key].numpy())
-                    _hash_array(h, key, array)
-                    _write_npy(npz, key, array)
+                    hash_array(h, key, array)
+                    write_npy(npz, key, array)
                     del array
-                record = {**meta, "format": BACKUP_FORMAT, "state": dataclasses.asdict(state),
+                record = {**chief.meta, "format": BACKUP_FORMAT,
+                          "state": dataclasses.asdict(state),
                           "model_signature": signature(model_vars),
                           "optimizer_signature": signature(optimizer_vars),
                           "sha256": h.hexdigest()}
-                _write_npy(npz, "meta",
+                write_npy(npz, "meta",
                            np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
 
         path = self.writer.write_file(target, write, suffix=_SUFFIX)
         for old in self.paths()[:-self.keep]:
             self.writer.remove(old)
-            for part in zero_backup.existing_parts(old) + row_parts.existing_parts(old):
+            for part in backup_layouts.part_files(old):
                 self.writer.remove(part)
         self._remove_orphan_parts()
         return path
@@ -272,18 +215,6 @@ class BackupStore:
             base, rows, rest = name.partition(".rows-")
             if rows and rest.split("-of-")[-1].isdigit() and base not in have:
                 self.writer.remove(os.path.join(self.directory, name))
-
-    def _save_part(self, path: str, slots) -> None:
-        """This worker's slots beside the backup at `path`, atomically (each worker its own)."""
-        rank, n = self.shard
-        target = zero_backup.part_path(path, rank, n)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.tmp{os.getpid()}"
-        with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED,
-                             allowZip64=True) as npz:
-            for v in slots:  # one array at a time, as `save`
-                _write_npy(npz, zero_backup.key(v), np.asarray(v.numpy()))
-        os.replace(tmp, target)
 
     @staticmethod
     def read_record(path: str) -> dict:
@@ -318,7 +249,7 @@ class BackupStore:
                 record = json.loads(npz["meta"].tobytes().decode())
                 h = hashlib.sha256()
                 for key in sorted(keys):
-                    _hash_array(h, key, npz[key])
+                    hash_array(h, key, npz[key])
         except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, KeyError, ...
             raise CheckpointError(f"Backup {path} is corrupt or truncated "
                                   f"({type(e).__name__}: {e}). {hint}") from None
@@ -328,11 +259,11 @@ class BackupStore:
         if h.hexdigest() != record.get("sha256"):
             raise CheckpointError(f"Backup {path} is corrupt: its arrays do not match the "
                                   f"SHA-256 recorded when it was written. {hint}")
-        arrays = _Arrays(path, keys)
-        if record.get("row_parts"):  # --shard parameters: the split variables' rows beside it
-            arrays = row_parts.RowArrays(arrays, path, row_parts.check(
-                path, record["row_parts"], record.get("row_keys", [])))
-        return record, arrays
+        # The parts beside it (workers' slots or rows, tasks' variables): there, whole,
+        # and read as one replica's arrays.
+        layout = backup_layouts.of_record(record)
+        layout.check(os.path.dirname(path), path, record)
+        return record, layout.arrays(path, record, _Arrays(path, keys))
 
     @staticmethod
     def check_compatible(path: str, record: dict, expected: dict,
@@ -437,9 +368,6 @@ class BackupStore:
         for path in reversed(paths):
             try:
                 record, arrays = self.load(path)
-                _check_parts(path, record)
-                if record.get("parts"):
-                    backup_parts.check_files(self.directory, record)
                 break
             except CheckpointError as e:
                 self.skipped.append((path, str(e)))
@@ -460,20 +388,8 @@ class BackupStore:
         if "steps_per_epoch" in meta and same_batch:
             check_layout(path, record, state, meta["steps_per_epoch"])
         with scope():
-            if record.get("parts"):  # each variable read on its own device, only its slice
-                if "optimizer" not in order:
-                    raise CheckpointError(
-                        f"Backup {path} was written by stage processes and cannot be "
-                        "resumed with --shard-optimizer-state. Resume it without that "
-                        "option, or pass --no-resume to start fresh.")
-                for what, prefix, variables in (("model", "model", model_vars),
-                                                ("optimizer", "opt", optimizer_vars)):
-                    backup_parts.restore(self.directory, record, variables, order[what], prefix)
-            elif by_name:
-                self.restore(arrays, model_vars, [], order)
-                restore_by_name(path, record, arrays, optimizer_vars)
-            else:
-                self.restore(arrays, model_vars, optimizer_vars, order)
+            backup_layouts.of_record(record).restore(path, record, arrays, model_vars,
+                                                     optimizer_vars, order, by_name)
         return state, path
 
     @staticmethod
@@ -483,28 +399,7 @@ class BackupStore:
         Args:
             order: As `check_compatible` returns (None: by position).
         """
-        order = order or {}
-        row_keys = set(getattr(arrays, "row_keys", ()))
-        for what, prefix, variables in (("model", "model", model_vars),
-                                        ("optimizer", "opt", optimizer_vars)):
-            for step, v in zip(order.get(what, range(len(variables))), variables):
-                key = f"{prefix}_{step}"
-                if key in row_keys and hasattr(v, "assign_rows"):  # only the rows held here
-                    v.assign_rows(lambda start, stop, key=key: arrays.rows(key, start, stop))
-                else:
-                    v.assign(value_of(step, arrays, prefix))
-
-
-def value_of(step, arrays, prefix: str):
-    """A variable's value from a backup's `arrays`: the entry `step` (`check_compatible`'s
-    order) or, from another tensor-parallel layout, the entries a `reshard.Assemble` joins.
-
-    Args:
-        prefix: "model" or "opt" (the entries' key prefix).
-    """
-    if isinstance(step, reshard.Assemble):
-        return reshard.assemble(step, lambda i: arrays[f"{prefix}_{i}"])
-    return arrays[f"{prefix}_{step}"]
+        backup_layouts.restore_positions(arrays, model_vars, optimizer_vars, order)
 
 
 def backup_paths(directory: str) -> list[str]:
@@ -543,51 +438,6 @@ def _whole(model_vars, optimizer_vars):
     model_vars, optimizer_vars = list(model_vars), list(optimizer_vars)
     every, split, served = parameters.whole_view(model_vars + optimizer_vars)
     return every[:len(model_vars)], every[len(model_vars):], split, served
-
-
-def _size(variable) -> int:
-    return int(np.prod(variable.shape, dtype=np.int64))
-
-
-def _check_parts(path: str, record: dict) -> None:
-    """Raises CheckpointError when a part file of a sharded backup is missing."""
-    n = record.get("slot_parts")
-    missing = [p for p in zero_backup.part_paths(path, n) if not os.path.exists(p)] if n else []
-    if missing:
-        raise CheckpointError(f"Backup {path} is incomplete: the optimizer state of "
-                              f"{len(missing)} of its {n} workers is missing ({missing[0]}).")
-
-
-def restore_by_name(path: str, record: dict, arrays: dict, optimizer_vars) -> None:
-    """Assigns a backup's arrays to the optimizer variables, each found by path: the
-    backup's own, then its workers' part files, reading only what is held here (a
-    zero-size slot, another worker's, reads nothing).
-
-    Raises:
-        CheckpointError: naming an optimizer variable the backup lacks or holds in
-            another shape.
-    """
-    own = {sig[0]: f"opt_{i}" for i, sig in enumerate(record["optimizer_signature"])}
-    parts = [np.load(p, allow_pickle=False)
-             for p in zero_backup.part_paths(path, record.get("slot_parts") or 0)]
-    try:
-        where = {k: part for part in parts for k in part.files}
-        for v in optimizer_vars:
-            if not _size(v):
-                continue
-            name = zero_backup.key(v)
-            value = (arrays[own[name]] if name in own else where[name][name] if name in where
-                     else None)
-            if value is None or tuple(value.shape) != tuple(v.shape):
-                found = "absent" if value is None else f"of shape {list(value.shape)}"
-                raise CheckpointError(
-                    f"Backup {path} cannot be resumed: optimizer variable {name!r} "
-                    f"({list(v.shape)}) is {found} in it. Use another --model-dir, or pass "
-                    "--no-resume to start fresh there.")
-            v.assign(value)
-    finally:
-        for part in parts:
-            part.close()
 
 
 def check_layout(path: str, record: dict, state: TrainState, steps_per_epoch: int) -> None:

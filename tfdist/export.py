@@ -99,7 +99,7 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
         CheckpointError: when no candidate reads, or the backup does not fit
             the recipe's model (naming the first difference).
     """
-    from tfdist import backup_parts, checkpoint, final_weights
+    from tfdist import backup_layouts, checkpoint, final_weights
     from tfdist.compat.tf_startup_logs import import_tensorflow
 
     import_tensorflow()
@@ -109,10 +109,9 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
     errors = []
     for path in candidates:
         try:
+            # Whatever its layout (stage processes' or workers' parts), read as one
+            # replica's arrays.
             meta, arrays = checkpoint.BackupStore.load(path)
-            if meta.get("parts"):  # written by stage processes: each task's own part
-                backup_parts.check_files(os.path.dirname(path), meta)
-                arrays = backup_parts.Arrays(os.path.dirname(path), meta)
             break
         except CheckpointError as e:
             errors.append(str(e))
@@ -123,7 +122,7 @@ def export(candidates: list[str], out: str, form: str, recipe, cfg: dict,
 
     # Keyed by the recipe's model's paths (a Sequential's carry its name), matched to the
     # deserialised plain model's by `final_weights.weight_keys`.
-    read = {v.path: final_weights.Lazy(v.shape, lambda step=step: checkpoint.value_of(
+    read = {v.path: final_weights.Lazy(v.shape, lambda step=step: backup_layouts.value_of(
         step, arrays, "model")) for v, step in zip(plain.weights, order)}
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=out)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from tfdist.errors import CheckpointError
+from tfdist.npz_stream import hash_array, write_npy
 
 PART = "{path}.rows-{rank}-of-{n}"
 _META = "meta"
@@ -43,16 +44,6 @@ def part_paths(path: str, n: int) -> list[str]:
 def existing_parts(path: str) -> list[str]:
     """The row parts on disk beside the backup at `path` (to remove with it)."""
     return sorted(glob.glob(glob.escape(path) + ".rows-*-of-*"))
-
-
-def _hash(h, key: str, array) -> None:
-    h.update(key.encode())
-    h.update(np.ascontiguousarray(array))
-
-
-def _write_npy(npz: zipfile.ZipFile, key: str, array) -> None:
-    with npz.open(f"{key}.npy", "w", force_zip64=True) as f:
-        np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
 
 
 def save(path: str, rank: int, n: int, entries: dict) -> str:
@@ -75,12 +66,12 @@ def save(path: str, rank: int, n: int, entries: dict) -> str:
         for key in sorted(entries):
             start, stop, value = entries[key]
             array = np.asarray(value() if callable(value) else value)[:stop - start]
-            _hash(h, key, array)
-            _write_npy(npz, key, array)
+            hash_array(h, key, array)
+            write_npy(npz, key, array)
             ranges[key] = [int(start), int(stop)]
             del array
         record = {"rank": rank, "workers": n, "rows": ranges, "sha256": h.hexdigest()}
-        _write_npy(npz, _META, np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
+        write_npy(npz, _META, np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
     os.replace(tmp, target)
     return target
 
@@ -108,7 +99,7 @@ def check(path: str, n: int, keys) -> list[dict]:
             h = hashlib.sha256()
             with np.load(part, allow_pickle=False) as npz:
                 for key in sorted(record["rows"]):
-                    _hash(h, key, npz[key])
+                    hash_array(h, key, npz[key])
         except Exception as e:  # zipfile.BadZipFile, EOFError, KeyError, ValueError, ...
             raise CheckpointError(f"Backup {path}'s part {part} is corrupt or truncated "
                                   f"({type(e).__name__}: {e}). {hint}") from None
