@@ -72,6 +72,15 @@ def test_row_chunks_cover_the_rows_in_pieces_of_at_most_the_limit():
     assert partition.row_chunks((), 4) == [None]
 
 
+def test_column_chunks_cover_the_columns_in_order_in_pieces_of_at_most_the_limit():
+    assert partition.column_chunks(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert partition.column_chunks(8 << 20, 1 << 20) == [(a, a + (1 << 20))
+                                                          for a in range(0, 8 << 20, 1 << 20)]
+    assert partition.column_chunks(5, 100) == [(0, 5)]
+    assert partition.column_chunks(0, 4) == [(0, 0)]
+    assert partition.column_chunks(3, 0) == [(0, 1), (1, 2), (2, 3)]  # one column at least
+
+
 def _info():
     return cluster.detect({})
 

@@ -73,6 +73,13 @@ def row_chunks(shape: tuple, max_elements: int) -> list[tuple[int, int] | None]:
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
+def column_chunks(width: int, max_elements: int) -> list[tuple[int, int]]:
+    """Column ranges [a, b) of at most `max_elements` (at least one) covering `width`
+    columns, in order; one range for a width of 0."""
+    step = max(1, max_elements)
+    return [(a, min(width, a + step)) for a in range(0, width, step)] or [(0, 0)]
+
+
 def owned_bytes(sizes: list[int], n: int) -> list[int]:
     """Bytes (or elements) each rank owns under `owners(sizes, n)`."""
     load = [0] * n
