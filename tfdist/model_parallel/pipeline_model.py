@@ -239,15 +239,11 @@ class PipelineModel(keras.Model):
         # and ordered.
         chained = [(g, v) for g, v in pairs if m == 1 or id(v) in once] if n == 1 else []
         ordered = graph is not None and len(chained) > 1
-        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        inner._tfdist_update_ops = {} if ordered else None
-        try:
+        with placed_updates.recording(ordered) as update_ops:
             self.optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
             if ordered:
                 update_order.updates_as_gradients_come(
-                    graph, [(g, v.value) for g, v in chained], inner._tfdist_update_ops)
-        finally:
-            inner._tfdist_update_ops = None  # this trace's ops: not kept alive past it
+                    graph, [(g, v.value) for g, v in chained], update_ops)
         for c in range(1, n):  # every copy goes on from copy 0's updated weights
             self._assign_from_first(c)
         with tf.device(self.stage_devices[-1]):
