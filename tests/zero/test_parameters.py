@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tfdist import cluster, config, strategies
 from tfdist.errors import ConfigError
-from tfdist.zero import parameters, partition
+from tfdist.zero import parameters, partition, split_optimizer
 
 
 @given(st.integers(0, 300), st.integers(1, 9))
@@ -57,10 +57,10 @@ def test_a_whole_weight_optimizer_given_to_setup_is_refused_with_one_line():
 
     for optimizer in (keras.optimizers.Lamb(), keras.optimizers.Adafactor()):
         with pytest.raises(ConfigError, match="update reads a whole weight") as e:
-            parameters.optimizer(optimizer, _HalfEngine(), 0, 2)
+            split_optimizer.optimizer(optimizer, _HalfEngine(), 0, 2)
         assert f"Received: {type(optimizer).__name__}" in str(e.value)
         assert "\n" not in str(e.value)
-    parameters.optimizer(keras.optimizers.Adam(), _HalfEngine(), 0, 2)  # elementwise: taken
+    split_optimizer.optimizer(keras.optimizers.Adam(), _HalfEngine(), 0, 2)  # elementwise: taken
 
 
 def test_compression_is_refused_at_parameters_with_one_line():
@@ -178,7 +178,7 @@ def test_a_whole_view_reads_and_writes_rows():
 def test_each_worker_says_what_it_will_hold_at_parameters():
     model = _model(3)
     parameters.shard_model(model, _HalfEngine(), rank=0, n=2)
-    line = parameters.holdings(model.trainable_variables, [], 0, 2)
+    line = split_optimizer.holdings(model.trainable_variables, [], 0, 2)
     assert line.startswith("tfdist: worker 0 of 2 (--shard parameters) holds ")
     assert "its rows of 5 split variables, 0 whole" in line
     assert "the largest weight 540 B" in line  # hidden's kernel, 15 x 9 float32

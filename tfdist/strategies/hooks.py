@@ -122,11 +122,11 @@ class ProcessReplicaHooks(Hooks):
         distributed = allreduce_optimizer.with_compression(self._distributed(optimizer),
                                                            self.grad_compression)
         if self.shard == "parameters":
-            from tfdist.zero import parameters
+            from tfdist.zero import split_optimizer
 
-            distributed = parameters.optimizer(distributed, self._scatter_engine(),
-                                               self.cluster.worker_index,
-                                               self.cluster.num_workers)
+            distributed = split_optimizer.optimizer(distributed, self._scatter_engine(),
+                                                    self.cluster.worker_index,
+                                                    self.cluster.num_workers)
         elif self.shard != "none":
             from tfdist.zero.optimizer import shard
 

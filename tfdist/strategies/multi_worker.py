@@ -223,10 +223,11 @@ class MultiWorkerHooks(Hooks):
                 f"needs one replica per worker. Received: {replicas} replicas on "
                 f"{self.cluster.num_workers} workers. Run one device per worker.")
         if self.shard == "parameters":
-            from tfdist.zero import parameters
+            from tfdist.zero import split_optimizer
 
-            sharded = parameters.optimizer(optimizer, LauncherScatter(),
-                                           self.cluster.worker_index, self.cluster.num_workers)
+            sharded = split_optimizer.optimizer(optimizer, LauncherScatter(),
+                                                self.cluster.worker_index,
+                                                self.cluster.num_workers)
         else:
             gradients = self.shard == "gradients"
             sharded = shard(optimizer, ReplicaGather(), self.cluster.worker_index,
