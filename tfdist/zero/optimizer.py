@@ -37,53 +37,66 @@ def variable_bytes(variable) -> int:
     return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
 
 
-@functools.cache
-def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> type:
-    """A subclass of `base` (a distributed optimizer class) that updates owned variables only."""
+class OwnedOnly:
+    """The overrides of an optimizer that keeps, and updates, only its worker's variables,
+    in front of a distributed optimizer class (see the module).
 
-    def owners_of(self, variables):
+    `_sharded_class` sets, as class attributes: `_tfdist_over` (the class it
+    extends), `_tfdist_gather`, `_tfdist_scatter` (None: gradients all-reduced),
+    `_tfdist_rank`, `_tfdist_size`.
+    """
+
+    _tfdist_sharded = True
+    _tfdist_whole_slots = (ACCUMULATOR,)  # local gradients: whole everywhere
+    _tfdist_shard_level = "optimizer"
+
+    def _owners_of(self, variables):
         if getattr(self, "_tfdist_owner", None) is None:  # apply() has not built it yet
-            return partition.owners([variable_bytes(v) for v in variables], size)
+            return partition.owners([variable_bytes(v) for v in variables], self._tfdist_size)
         return [self._tfdist_owner[self._var_key(v)] for v in variables]
 
     def _tfdist_reduce_grads(self, grads, variables):
         # Called in replica context in place of the all-reduce; None: all-reduce as before.
-        if scatter is None:
+        if self._tfdist_scatter is None:
             return None
         self._tfdist_partial = True
-        return scatter(list(grads), owners_of(self, variables), rank)
+        return self._tfdist_scatter(list(grads), self._owners_of(variables), self._tfdist_rank)
 
     def _backend_apply_gradients(self, grads, trainable_variables):
-        self._tfdist_applying = owners_of(self, trainable_variables)  # for _clip_gradients
-        return base._backend_apply_gradients(self, grads, trainable_variables)
+        if self._tfdist_scatter is not None:
+            self._tfdist_applying = self._owners_of(trainable_variables)  # for _clip_gradients
+        return self._tfdist_over._backend_apply_gradients(self, grads, trainable_variables)
 
     def _clip_gradients(self, grads):
-        if not (getattr(self, "_tfdist_partial", False) and not (self.clipnorm or 0) > 0
-                and (self.global_clipnorm or 0) > 0):
-            return base._clip_gradients(self, grads)
+        if not (self._tfdist_scatter is not None and getattr(self, "_tfdist_partial", False)
+                and not (self.clipnorm or 0) > 0 and (self.global_clipnorm or 0) > 0):
+            return self._tfdist_over._clip_gradients(self, grads)
         # Keras's clip_by_global_norm, its norm summed over the owners' parts (an unowned
         # dense gradient here is local, and is not used: it is left as it is).
         from tfdist.compat import tf_all_to_all
 
-        return scatter_lib.clip_by_global_norm(grads, self._tfdist_applying, rank,
+        return scatter_lib.clip_by_global_norm(grads, self._tfdist_applying, self._tfdist_rank,
                                                self.global_clipnorm, tf_all_to_all.all_reduce_sum)
 
     def build(self, variables):
         sizes = [variable_bytes(v) for v in variables]
-        owner_of = partition.owners(sizes, size)
+        owner_of = partition.owners(sizes, self._tfdist_size)
         self._tfdist_owner = {self._var_key(v): o for v, o in zip(variables, owner_of)}
-        base.build(self, variables)
+        self._tfdist_over.build(self, variables)
         # Before the first step, each worker says what it will hold.
-        print(partition.holdings(sizes, size, rank, self._tfdist_shard_level, sum(
-            variable_bytes(v) for v in self.variables if is_shard_slot(v))), flush=True)
+        print(partition.holdings(sizes, self._tfdist_size, self._tfdist_rank,
+                                 self._tfdist_shard_level, sum(
+                                     variable_bytes(v) for v in self.variables
+                                     if is_shard_slot(v))), flush=True)
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        base = self._tfdist_over
         owner = getattr(self, "_tfdist_owner", {}).get(self._var_key(reference_variable))
         if owner is None or name in self._tfdist_whole_slots:
             return base.add_variable_from_reference(self, reference_variable, name=name,
                                                     initializer=initializer)
         with _outside_strategy():  # this worker's own: see tfdist.zero.mwms
-            if owner == rank:
+            if owner == self._tfdist_rank:
                 slot = base.add_variable_from_reference(self, reference_variable, name=name,
                                                         initializer=initializer)
             else:
@@ -95,11 +108,13 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         return slot
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        rank, gather = self._tfdist_rank, self._tfdist_gather
         owner_of = [self._tfdist_owner[self._var_key(v)] for v in trainable_variables]
         mine = [i for i, o in enumerate(owner_of) if o == rank]
         if mine:
-            base._backend_update_step(self, [grads[i] for i in mine],
-                                      [trainable_variables[i] for i in mine], learning_rate)
+            self._tfdist_over._backend_update_step(
+                self, [grads[i] for i in mine], [trainable_variables[i] for i in mine],
+                learning_rate)
         keep = getattr(gather, "keep", None)
         if keep is not None:
             # The gather waits for every reduced gradient, used here or not: an engine
@@ -116,24 +131,19 @@ def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> ty
         for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
             store[str(i)] = variable.numpy()
 
-    extra = {} if scatter is None else {
-        "_tfdist_reduce_grads": _tfdist_reduce_grads,
-        "_backend_apply_gradients": _backend_apply_gradients,
-        "_clip_gradients": _clip_gradients,
-    }
-    return type(base.__name__, (base,), {
-        **extra,
-        "build": build,
-        "save_own_variables": save_own_variables,
-        "add_variable_from_reference": add_variable_from_reference,
-        "_backend_update_step": _backend_update_step,
+
+@functools.cache
+def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> type:
+    """`OwnedOnly` in front of `base` (a distributed optimizer class)."""
+    return type(base.__name__, (OwnedOnly, base), {
         "__module__": base.__module__,
         "__doc__": f"{base.__name__} whose optimizer state is split across workers.",
-        "_tfdist_sharded": True,
+        "_tfdist_sharded": True,  # gradients._keras_base: not Keras's own class
+        "_tfdist_over": base,
+        "_tfdist_gather": gather,
+        "_tfdist_scatter": scatter,
         "_tfdist_rank": rank,
         "_tfdist_size": size,
-        "_tfdist_whole_slots": (ACCUMULATOR,),  # local gradients: whole everywhere
-        "_tfdist_shard_level": "optimizer",
     })
 
 
