@@ -18,12 +18,12 @@ META = {"recipe": "r", "global_batch_size": 8}
 
 
 def test_the_layout_comes_from_the_run_and_back_from_the_record():
-    assert type(backup_layouts.for_run("d", True, None, False, None)) is backup_layouts.Whole
-    assert type(backup_layouts.for_run("d", True, (1, 4), False, None)) is \
+    assert type(backup_layouts.for_run(True, None, False, None)) is backup_layouts.Whole
+    assert type(backup_layouts.for_run(True, (1, 4), False, None)) is \
         backup_layouts.SlotParts
-    assert type(backup_layouts.for_run("d", True, None, True, None)) is \
+    assert type(backup_layouts.for_run(True, None, True, None)) is \
         backup_layouts.TaskParts
-    assert type(backup_layouts.for_run("d", True, None, False, object())) is \
+    assert type(backup_layouts.for_run(True, None, False, object())) is \
         backup_layouts.RowParts
     for record, kind in (({}, backup_layouts.Whole), ({"slot_parts": 2}, backup_layouts.SlotParts),
                          ({"parts": [{}], "parts_dir": "x"}, backup_layouts.TaskParts),

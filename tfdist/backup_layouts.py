@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zipfile
 
 import numpy as np
 
 from tfdist import backup_parts, reshard
 from tfdist.errors import CheckpointError
-from tfdist.npz_stream import write_npy
+from tfdist.npz_stream import write_file
 from tfdist.zero import backup as zero_backup
 from tfdist.zero import row_parts
 from tfdist.zero.optimizer import is_shard_slot
@@ -124,7 +123,7 @@ class Whole:
     def write(self, path: str, model_vars, optimizer_vars, meta: dict) -> ChiefFile:
         return ChiefFile(keyed(model_vars, optimizer_vars), meta, list(optimizer_vars))
 
-    def check(self, directory: str, path: str, record: dict) -> None:
+    def check(self, path: str, record: dict) -> None:
         """Raises CheckpointError when a part the record names is missing or damaged."""
 
     def arrays(self, path: str, record: dict, arrays):
@@ -152,17 +151,11 @@ class SlotParts(Whole):
         return ChiefFile(keyed(model_vars, shared), {**meta, "slot_parts": self.n}, shared)
 
     def _save_part(self, path: str, slots) -> None:
-        """This worker's slots beside the backup at `path`, atomically."""
-        target = zero_backup.part_path(path, self.rank, self.n)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.tmp{os.getpid()}"
-        with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED,
-                             allowZip64=True) as npz:
-            for v in slots:  # one array at a time
-                write_npy(npz, zero_backup.key(v), np.asarray(v.numpy()))
-        os.replace(tmp, target)
+        """This worker's slots beside the backup at `path`, atomically, one at a time."""
+        write_file(zero_backup.part_path(path, self.rank, self.n),
+                   ((zero_backup.key(v), np.asarray(v.numpy())) for v in slots))
 
-    def check(self, directory, path, record) -> None:
+    def check(self, path, record) -> None:
         n = record.get("slot_parts")
         missing = [p for p in zero_backup.part_paths(path, n) if not os.path.exists(p)]
         if missing:
@@ -178,8 +171,8 @@ class TaskParts(Whole):
     """Each task writes its own variables (`tfdist.backup_parts`); the chief's file is the
     index, written after every part."""
 
-    def __init__(self, directory: str, is_chief: bool = True):
-        self.directory, self.is_chief = directory, is_chief
+    def __init__(self, is_chief: bool = True):
+        self.is_chief = is_chief
 
     def write(self, path, model_vars, optimizer_vars, meta) -> ChiefFile:
         if not self.is_chief:  # the chief drives every task's write
@@ -188,13 +181,13 @@ class TaskParts(Whole):
         # parts of the backup it replaces until its own index is in place.
         parts_dir = (f"{os.path.basename(path)}{backup_parts.PARTS}"
                      f"{os.getpid()}-{os.urandom(4).hex()}")
-        parts = backup_parts.save(os.path.join(self.directory, parts_dir),
+        parts = backup_parts.save(os.path.join(os.path.dirname(path), parts_dir),
                                   keyed(model_vars, optimizer_vars))
         return ChiefFile({}, {**meta, "parts_dir": parts_dir, "parts": parts},
                          list(optimizer_vars))
 
-    def check(self, directory, path, record) -> None:
-        backup_parts.check_files(directory, record)
+    def check(self, path, record) -> None:
+        backup_parts.check_files(os.path.dirname(path), record)
 
     def arrays(self, path, record, arrays):
         return backup_parts.Arrays(os.path.dirname(path), record)
@@ -222,14 +215,16 @@ class RowParts(Whole):
     def write(self, path, model_vars, optimizer_vars, meta) -> ChiefFile:
         from tfdist.zero import parameters
 
+        every = keyed(model_vars, optimizer_vars)
         rows = {}
-        for key, v in keyed(model_vars, optimizer_vars).items():
+        for key, v in every.items():
             if isinstance(v, parameters.Whole):
                 start, stop, _, _ = parameters.rows_of(v.variable)
                 rows[key] = (start, stop, v.variable.numpy)
         row_parts.save(path, self.split.rank, self.split.n, rows)
-        self.split.barrier()  # the chief's record, which names the parts, after every part
-        entries = {k: v for k, v in keyed(model_vars, optimizer_vars).items() if k not in rows}
+        # The chief's record, which names the parts, comes after every part.
+        self.split.collectives.barrier()
+        entries = {k: v for k, v in every.items() if k not in rows}
         return ChiefFile(entries, {**meta, "row_parts": self.split.n,
                                    "row_keys": sorted(rows)}, list(optimizer_vars))
 
@@ -238,11 +233,10 @@ class RowParts(Whole):
             path, record["row_parts"], record.get("row_keys", [])))
 
 
-def for_run(directory: str, is_chief: bool, shard, placed: bool, split) -> Whole:
+def for_run(is_chief: bool, shard, placed: bool, split) -> Whole:
     """The layout a run writes its backups in.
 
     Args:
-        directory: The backup directory.
         is_chief: Whether this process writes the chief's file.
         shard: (rank, workers) of a sharded optimizer, or None.
         placed: Variables live in several processes (stage processes).
@@ -253,14 +247,14 @@ def for_run(directory: str, is_chief: bool, shard, placed: bool, split) -> Whole
     if shard is not None:
         return SlotParts(*shard)
     if placed:
-        return TaskParts(directory, is_chief)
+        return TaskParts(is_chief)
     return Whole()
 
 
 def of_record(record: dict) -> Whole:
     """The layout a backup was written in, from its record."""
     if record.get("parts"):
-        return TaskParts(None)
+        return TaskParts()
     if record.get("slot_parts"):
         return SlotParts(None, record["slot_parts"])
     if record.get("row_parts"):
@@ -270,4 +264,5 @@ def of_record(record: dict) -> Whole:
 
 def part_files(path: str) -> list[str]:
     """The per-worker part files beside the backup at `path` (removed with it)."""
-    return zero_backup.existing_parts(path) + row_parts.existing_parts(path)
+    return (zero_backup.existing_parts(path)
+            + zero_backup.existing_parts(path, zero_backup.ROWS))

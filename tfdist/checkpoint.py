@@ -24,6 +24,7 @@ from tfdist.errors import CheckpointError
 from tfdist.model_dir import BACKUP_DIR
 from tfdist.npz_stream import hash_array, write_npy
 from tfdist.writer import ChiefWriter
+from tfdist.zero import backup as zero_backup
 from tfdist.zero.optimizer import is_shard_slot
 
 # A backup is one .npz file, written by the chief only, atomically, holding
@@ -160,10 +161,10 @@ class BackupStore:
             meta: What identifies the run (recipe, global_batch_size, ...) and
                 what ran it (strategy, num_replicas), recorded as given.
         """
-        model_vars, optimizer_vars, split, _ = _whole(model_vars, optimizer_vars)
+        model_vars, optimizer_vars, split = _whole(model_vars, optimizer_vars)
         if self.layout is None:  # chosen once, from the store's options and the variables
-            self.layout = backup_layouts.for_run(self.directory, self.writer.is_chief,
-                                                 self.shard, self.placed, split)
+            self.layout = backup_layouts.for_run(self.writer.is_chief, self.shard,
+                                                 self.placed, split)
         target = self.path_for(state.global_step)
         chief = self.layout.write(target, model_vars, optimizer_vars, meta)  # every worker
         if not self.writer.is_chief:
@@ -212,8 +213,8 @@ class BackupStore:
         # Row parts of a save that never got its record (a worker killed before it).
         have = {os.path.basename(p) for p in self.paths()}
         for name in os.listdir(self.directory):
-            base, rows, rest = name.partition(".rows-")
-            if rows and rest.split("-of-")[-1].isdigit() and base not in have:
+            base = zero_backup.backup_of(name, zero_backup.ROWS)
+            if base is not None and base not in have:
                 self.writer.remove(os.path.join(self.directory, name))
 
     @staticmethod
@@ -262,7 +263,7 @@ class BackupStore:
         # The parts beside it (workers' slots or rows, tasks' variables): there, whole,
         # and read as one replica's arrays.
         layout = backup_layouts.of_record(record)
-        layout.check(os.path.dirname(path), path, record)
+        layout.check(path, record)
         return record, layout.arrays(path, record, _Arrays(path, keys))
 
     @staticmethod
@@ -363,7 +364,7 @@ class BackupStore:
             self.writer.remove(self.directory)
             return None, paths[-1]
         # --shard parameters: a split variable matches and reads a whole one, keeping its rows.
-        model_vars, optimizer_vars, _, _ = _whole(model_vars, optimizer_vars)
+        model_vars, optimizer_vars, _ = _whole(model_vars, optimizer_vars)
         self.skipped = []
         for path in reversed(paths):
             try:
@@ -432,12 +433,12 @@ class _Arrays(Mapping):
 
 def _whole(model_vars, optimizer_vars):
     """(model_vars, optimizer_vars) with each split variable seen whole
-    (`zero.parameters.whole_view`), the model's `Split` or None, and the split ones."""
+    (`zero.parameters.whole_view`), and the model's `Split` or None."""
     from tfdist.zero import parameters
 
     model_vars, optimizer_vars = list(model_vars), list(optimizer_vars)
-    every, split, served = parameters.whole_view(model_vars + optimizer_vars)
-    return every[:len(model_vars)], every[len(model_vars):], split, served
+    every, split, _ = parameters.whole_view(model_vars + optimizer_vars)
+    return every[:len(model_vars)], every[len(model_vars):], split
 
 
 def check_layout(path: str, record: dict, state: TrainState, steps_per_epoch: int) -> None:

@@ -3,6 +3,7 @@ without holding every array at once, for backups and their parts."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 
 import numpy as np
@@ -19,3 +20,15 @@ def hash_array(h, key: str, array) -> None:
     bytes `tobytes()` gives, without the copy."""
     h.update(key.encode())
     h.update(np.ascontiguousarray(array))
+
+
+def write_file(target: str, items) -> None:
+    """Writes `(key, array)` pairs, one at a time as they come, to the .npz `target`,
+    atomically: a temporary file of this process, then a rename."""
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    tmp = f"{target}.tmp{os.getpid()}"
+    with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED,
+                         allowZip64=True) as npz:
+        for key, array in items:
+            write_npy(npz, key, array)
+    os.replace(tmp, target)

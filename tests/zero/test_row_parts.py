@@ -1,6 +1,6 @@
 """Backups at --shard parameters: each worker writes its rows, read back on any layout
 (tfdist.zero.row_parts through BackupStore). Workers are simulated in one process: one
-split model per rank, host collectives that return at once."""
+split model per rank, one process's host collectives (`Local`: they return at once)."""
 
 import os
 import zipfile
@@ -9,19 +9,14 @@ import numpy as np
 import pytest
 
 from tfdist.checkpoint import BackupStore, TrainState
+from tfdist.collectives import Local
 from tfdist.errors import CheckpointError
 from tfdist.writer import ChiefWriter
-from tfdist.zero import parameters, row_parts
+from tfdist.zero import parameters
+from tfdist.zero.backup import ROWS, existing_parts, part_path, part_paths
 
 META = {"recipe": "r", "global_batch_size": 8}
 STEP = 6
-
-
-class _Instant:
-    """Host collectives of a worker whose peers have already answered."""
-
-    def broadcast(self, arrays, root=0):
-        return [np.asarray(a) for a in arrays]
 
 
 class _NoEngine:
@@ -40,7 +35,7 @@ def _model(seed=4):
 
 def _split(rank, n):
     model = _model()
-    parameters.shard_model(model, _NoEngine(), rank=rank, n=n, collectives=_Instant(),
+    parameters.shard_model(model, _NoEngine(), rank=rank, n=n, collectives=Local(),
                            broadcast=False)
     return model
 
@@ -65,7 +60,7 @@ def test_each_worker_writes_its_rows_and_the_chief_no_split_weight(tmp_path):
     want = _save(tmp_path)
     backup = os.path.join(tmp_path, "backup", f"ckpt-{STEP:010d}.npz")
     names = sorted(os.listdir(os.path.dirname(backup)))
-    assert names == [os.path.basename(p) for p in [backup, *row_parts.part_paths(backup, 3)]]
+    assert names == [os.path.basename(p) for p in [backup, *part_paths(backup, 3, ROWS)]]
     with zipfile.ZipFile(backup) as z:
         assert z.namelist() == ["meta.npy"]  # every weight is split: the record alone
     # Embedding 7 rows over 3: 3 + 3 + 1; Dense kernel 15 rows: 5 each; bias 3: 1 each.
@@ -74,7 +69,7 @@ def test_each_worker_writes_its_rows_and_the_chief_no_split_weight(tmp_path):
                                                                 "model_2"]
     for i, w in enumerate(want):
         np.testing.assert_array_equal(arrays[f"model_{i}"], w)
-    with np.load(row_parts.part_path(backup, 2, 3)) as part:
+    with np.load(part_path(backup, 2, 3, ROWS)) as part:
         assert part["model_0"].shape == (1, 5)  # no padding written
 
 
@@ -104,7 +99,7 @@ def test_a_missing_or_damaged_row_part_falls_back_to_the_previous_backup(tmp_pat
     older = os.path.join(tmp_path, "backup", f"ckpt-{STEP:010d}.npz")
     _save(tmp_path, step=9)
     newest = os.path.join(tmp_path, "backup", "ckpt-0000000009.npz")
-    part = row_parts.part_path(newest, 1, 3)
+    part = part_path(newest, 1, 3, ROWS)
     with open(part, "r+b") as f:  # flip a byte inside an array
         f.seek(120)
         byte = f.read(1)
@@ -114,7 +109,7 @@ def test_a_missing_or_damaged_row_part_falls_back_to_the_previous_backup(tmp_pat
         BackupStore.load(newest)
     state, path = _store(tmp_path, 0).resume(True, META, _model(9).weights, [])
     assert path == older and state.global_step == STEP
-    os.remove(row_parts.part_path(older, 0, 3))
+    os.remove(part_path(older, 0, 3, ROWS))
     with pytest.raises(CheckpointError, match="rows of a worker are missing"):
         BackupStore.load(older)
 
@@ -122,9 +117,19 @@ def test_a_missing_or_damaged_row_part_falls_back_to_the_previous_backup(tmp_pat
 def test_row_parts_of_a_save_that_never_got_its_record_are_removed(tmp_path):
     _save(tmp_path)
     directory = os.path.join(tmp_path, "backup")
-    orphan = row_parts.part_path(os.path.join(directory, "ckpt-0000000099.npz"), 0, 3)
+    orphan = part_path(os.path.join(directory, "ckpt-0000000099.npz"), 0, 3, ROWS)
     open(orphan, "wb").close()
     model = _split(0, 3)
     _store(tmp_path, 0).save(TrainState(global_step=12), model.weights, [], META)
     assert not os.path.exists(orphan)
-    assert row_parts.existing_parts(os.path.join(directory, f"ckpt-{STEP:010d}.npz"))
+    assert existing_parts(os.path.join(directory, f"ckpt-{STEP:010d}.npz"), ROWS)
+
+
+def test_a_part_names_its_backup_and_nothing_else_is_a_part():
+    from tfdist.zero.backup import SLOTS, backup_of
+
+    assert backup_of("ckpt-0000000006.npz.rows-2-of-3", ROWS) == "ckpt-0000000006.npz"
+    assert backup_of("ckpt-0000000006.npz.rows-2-of-3.tmp41", ROWS) is None  # mid-write
+    assert backup_of("ckpt-0000000006.npz.slots-0-of-2", ROWS) is None
+    assert backup_of("ckpt-0000000006.npz.slots-0-of-2", SLOTS) == "ckpt-0000000006.npz"
+    assert backup_of("ckpt-0000000006.npz", ROWS) is None

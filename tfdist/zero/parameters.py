@@ -229,7 +229,8 @@ class Split:
     and it may ask in any order (Keras's writers pick theirs).
 
     Backups do not go through it: each worker writes its own rows
-    (`tfdist.zero.row_parts`), and `barrier` orders the chief's record after them.
+    (`tfdist.zero.row_parts`), and the engine's barrier orders the chief's record after
+    them.
 
     Args:
         collectives: The engine's host collectives (rank 0 is the chief).
@@ -239,14 +240,6 @@ class Split:
 
     def __init__(self, collectives, n: int, rank: int = 0):
         self.collectives, self.n, self.rank = collectives, n, rank
-
-    def barrier(self) -> None:
-        """Returns on every worker once every worker has called it (one broadcast from
-        each, so the chief has heard from all)."""
-        import numpy as np
-
-        for q in range(self.n):
-            self.collectives.broadcast([np.zeros(1, np.int64)], q)
 
     def gather(self, variable):
         """Every worker's rows of `variable`, as one array (every worker calls it)."""

@@ -3,7 +3,7 @@
 Rule: a split variable (weights, and the optimizer slots of their rows) is
 never gathered for a backup. Worker R of N writes the rows it holds, without
 their padding, to a part file beside the chief's backup
-(BACKUP.rows-R-of-N), keyed like the backup's own entries (`model_3`,
+(BACKUP.rows-R-of-N, `zero.backup`), keyed like the backup's own entries (`model_3`,
 `opt_7`) and recording each entry's row range and a SHA-256 of the part. The
 chief's file holds the whole variables and the record, whose signatures give
 the whole shapes, so the backup reads as one replica's: `RowArrays` returns
@@ -15,35 +15,18 @@ process of the resumed run holds more than its rows either.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
-import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 
 from tfdist.errors import CheckpointError
-from tfdist.npz_stream import hash_array, write_npy
+from tfdist.npz_stream import hash_array, write_file
+from tfdist.zero.backup import ROWS, part_path, part_paths
 
-PART = "{path}.rows-{rank}-of-{n}"
 _META = "meta"
-
-
-def part_path(path: str, rank: int, n: int) -> str:
-    """The row part of worker `rank` of `n` for the backup at `path`."""
-    return PART.format(path=path, rank=rank, n=n)
-
-
-def part_paths(path: str, n: int) -> list[str]:
-    """Every worker's row part of the backup at `path` written by `n` workers."""
-    return [part_path(path, r, n) for r in range(n)]
-
-
-def existing_parts(path: str) -> list[str]:
-    """The row parts on disk beside the backup at `path` (to remove with it)."""
-    return sorted(glob.glob(glob.escape(path) + ".rows-*-of-*"))
 
 
 def save(path: str, rank: int, n: int, entries: dict) -> str:
@@ -57,22 +40,20 @@ def save(path: str, rank: int, n: int, entries: dict) -> str:
     Returns:
         The part's path.
     """
-    target = part_path(path, rank, n)
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    tmp = f"{target}.tmp{os.getpid()}"
-    h, ranges = hashlib.sha256(), {}
-    with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED,
-                         allowZip64=True) as npz:
+    target = part_path(path, rank, n, ROWS)
+
+    def items():  # hashed as written; the record, which holds the digest, last
+        h, ranges = hashlib.sha256(), {}
         for key in sorted(entries):
             start, stop, value = entries[key]
             array = np.asarray(value() if callable(value) else value)[:stop - start]
             hash_array(h, key, array)
-            write_npy(npz, key, array)
             ranges[key] = [int(start), int(stop)]
-            del array
+            yield key, array
         record = {"rank": rank, "workers": n, "rows": ranges, "sha256": h.hexdigest()}
-        write_npy(npz, _META, np.frombuffer(json.dumps(record).encode(), dtype=np.uint8))
-    os.replace(tmp, target)
+        yield _META, np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
+
+    write_file(target, items())
     return target
 
 
@@ -90,7 +71,7 @@ def check(path: str, n: int, keys) -> list[dict]:
     """
     hint = "Delete it to resume from an older backup, or pass --no-resume to start fresh."
     records = []
-    for part in part_paths(path, n):
+    for part in part_paths(path, n, ROWS):
         if not os.path.exists(part):
             raise CheckpointError(f"Backup {path} is incomplete: the rows of a worker are "
                                   f"missing ({part}). {hint}")
@@ -136,7 +117,7 @@ class RowArrays(Mapping):
             a, b = record["rows"].get(key, (0, 0))
             lo, hi = max(a, start), min(b, stop)
             if lo < hi:
-                part = part_path(self.path, record["rank"], record["workers"])
+                part = part_path(self.path, record["rank"], record["workers"], ROWS)
                 with np.load(part, allow_pickle=False) as npz:
                     pieces.append((lo, npz[key][lo - a:hi - a]))
         if not pieces:
