@@ -4,8 +4,9 @@ Shared by every engine whose replicas are processes TensorFlow does not see
 (Horovod, the shared-memory engine): each passes the function that
 allreduces a list of gradients.
 
-Where the allreduce goes: Keras 3's `BaseOptimizer._backend_apply_gradients`
-calls `_clip_gradients(grads)` exactly once per *update* step, after its own
+Where the allreduce goes: the reduce step of `tfdist.gradient_path`, which Keras 3's
+`BaseOptimizer._backend_apply_gradients` reaches (at the start of `_clip_gradients`)
+exactly once per *update* step, after its own
 gradient accumulation (`gradient_accumulation_steps`) and before clipping and
 the update. Allreducing there gives the single-replica semantics (clipping
 sees the global gradient, as it would on one replica) and, with
@@ -17,45 +18,52 @@ refuses to wrap when Keras moves that hook.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
 from tfdist import compression as compression_lib
+from tfdist import gradient_path
 from tfdist.compat import horovod_keras
 from tfdist.zero.optimizer import is_per_worker, is_shard_slot
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce(gradient_path.Step):
+    """The path's reduce: the gradients all-reduced across processes (`wrap`).
+
+    Fields:
+        allreduce: Hashable; what `wrap` takes. An optimizer's own
+            `_tfdist_allreduce` (e.g. `with_compression`'s) is used in its place.
+        average_passes: As in `wrap`.
+    """
+
+    allreduce: Callable[[list], list]
+    average_passes: bool = True
+
+    @property
+    def marks(self) -> dict:
+        # A class attribute, not an instance one, so that `cls.from_config(opt.get_config())`
+        # (Keras's copy, and what `keras.models.load_model` calls with the class given in
+        # `custom_objects`) gives a working distributed optimizer.
+        return {"_tfdist_distributed": True, "_tfdist_allreduce": self.allreduce}
+
+    def reduce(self, opt, grads, then):
+        grads = opt._tfdist_allreduce(grads)
+        steps = opt.gradient_accumulation_steps
+        if not self.average_passes and steps:
+            # Keras divided the accumulated passes by `steps`: undo it for their sum.
+            grads = [_scaled(g, steps) for g in grads]
+        return then(grads)
 
 
 @functools.cache
 def _distributed_class(base: type, allreduce: Callable[[list], list],
                        average_passes: bool = True) -> type:
-    """A subclass of `base` whose `_clip_gradients` applies `allreduce` first (cached).
-
-    `allreduce` is a class attribute, not an instance one, so that
-    `cls.from_config(opt.get_config())` (Keras's copy, and what
-    `keras.models.load_model` calls with the class given in `custom_objects`)
-    gives a working distributed optimizer and not one that fails on its first
-    update. One class per (base, allreduce): engines pass hashable allreduce
-    specs, so equal options share one class.
-    """
-    horovod_keras.check_optimizer_hook(base)
-
-    def _clip_gradients(self, grads):
-        grads = self._tfdist_allreduce(grads)
-        steps = self.gradient_accumulation_steps
-        if not average_passes and steps:
-            # Keras divided the accumulated passes by `steps`: undo it for their sum.
-            grads = [_scaled(g, steps) for g in grads]
-        return base._clip_gradients(self, grads)
-
-    # Same name and module as `base`, so that `model.save` records the plain
-    # optimizer (e.g. keras.optimizers.SGD) and the saved model loads anywhere.
-    return type(base.__name__, (base,), {
-        "_clip_gradients": _clip_gradients,
-        "__module__": base.__module__,
-        "__doc__": f"{base.__name__} whose gradients are allreduced across processes.",
-        "_tfdist_distributed": True,
-        "_tfdist_allreduce": allreduce,
-    })
+    """`base` with its gradients all-reduced first (`AllReduce`; one class per spec:
+    engines pass hashable allreduce specs, so equal options share one class)."""
+    horovod_keras.check_optimizer_hook(gradient_path.keras_class(base))
+    return gradient_path.extended(base, AllReduce(allreduce, average_passes))
 
 
 def distributed_class(base: type, allreduce: Callable[[list], list],
@@ -167,29 +175,26 @@ def state_variables(model, optimizer=None) -> list:
     return variables
 
 
-@functools.cache
-def _agreeing_loss_scale_class() -> type:
-    """Keras's LossScaleOptimizer whose finite check is agreed by every process."""
-    import keras
+@dataclasses.dataclass(frozen=True)
+class Agree(gradient_path.Step):
+    """A LossScaleOptimizer's finite check agreed by every process: all skip a step
+    when any process's gradients are not finite (`loss_scale_if_float16`).
 
-    base = keras.optimizers.LossScaleOptimizer
+    Fields:
+        all_true: Hashable; maps this process's scalar boolean to True only when it
+            is True on every process.
+    """
 
-    def check_finite(self, grads):
-        return self._tfdist_all_true(base.check_finite(self, grads))
+    all_true: Callable
 
-    def save_own_variables(self, store):
+    def finite(self, opt, grads, then):
+        return self.all_true(then(grads))
+
+    def save(self, opt, store, then):
         # A sharded inner optimizer's slots are its worker's share: a saved model keeps
         # the shared variables only (as `tfdist.zero.optimizer` does without loss scaling).
-        for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
+        for i, variable in enumerate(v for v in opt.variables if not is_shard_slot(v)):
             store[str(i)] = variable.numpy()
-
-    return type(base.__name__, (base,), {
-        "check_finite": check_finite,
-        "save_own_variables": save_own_variables,
-        "__module__": base.__module__,
-        "__doc__": "LossScaleOptimizer that skips a step on every process when any "
-                   "process's gradients are not finite.",
-    })
 
 
 def loss_scale_if_float16(optimizer, all_true: Callable):
@@ -221,6 +226,5 @@ def loss_scale_if_float16(optimizer, all_true: Callable):
             f"Keras {keras.__version__}: LossScaleOptimizer has no check_finite, where tfdist "
             "makes processes agree on skipping a step. Refusing mixed_float16 with one replica "
             "per process.")
-    scaled = _agreeing_loss_scale_class()(optimizer)
-    scaled._tfdist_all_true = all_true
-    return scaled
+    return gradient_path.extended(keras.optimizers.LossScaleOptimizer, Agree(all_true))(
+        optimizer)

@@ -43,10 +43,11 @@ def backup_of(name: str, kind: str) -> str | None:
 
 def shard_of(optimizer) -> tuple[int, int] | None:
     """(rank, workers) of a sharded optimizer (a LossScaleOptimizer looked through), else None."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    if not getattr(inner, "_tfdist_sharded", False):
-        return None
-    return inner._tfdist_rank, inner._tfdist_size
+    from tfdist import gradient_path
+    from tfdist.zero.optimizer import OwnedOnly
+
+    owned = gradient_path.steps_of(getattr(optimizer, "inner_optimizer", optimizer), OwnedOnly)
+    return (owned[0].rank, owned[0].size) if owned else None
 
 
 def key(variable) -> str:

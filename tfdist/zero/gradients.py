@@ -1,13 +1,14 @@
-"""The reduce-scatter in the optimizer: `--shard gradients` (ZeRO stage 2,
-`gradients_class`), and `--shard optimizer` on shm and horovod (`scattered_class`).
+"""The reduce-scatter in the optimizer, as steps of `tfdist.gradient_path`: `--shard
+gradients` (ZeRO stage 2, `ScatterFirst`), and `--shard optimizer` on shm and horovod
+(`ScatterAccumulated`).
 
 At "gradients", on top of `tfdist.zero.optimizer` (each worker keeps and updates the
 optimizer state of the variables it owns): a worker keeps only the reduced
 gradients, and the accumulators, of those variables.
 
-Where it happens: `_backend_apply_gradients`, which Keras calls once per
-`apply` with this worker's local gradients (every engine's all-reduce is
-skipped for this optimizer), reduce-scatters them (`scatter.owned_sums`: each
+Where it happens: the path's receive step (`_backend_apply_gradients`), which Keras
+calls once per `apply` with this worker's local gradients (every engine's all-reduce
+is skipped for this optimizer), reduce-scatters them (`scatter.owned_sums`: each
 dense gradient summed onto its owner only; sparse ones gathered whole and
 kept by their owner) and hands Keras only the owned variables and their
 sums. Keras's own code then accumulates, clips and updates those alone; the
@@ -29,135 +30,123 @@ What the gradient features see, equal to one replica's math:
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
+from tfdist import gradient_path
 from tfdist.zero import scatter as scatter_lib
 
 
-def _keras_base(cls: type) -> type:
-    """The first class in `cls`'s MRO that is Keras's own (not a tfdist subclass)."""
-    return next(c for c in cls.__mro__
-                if not {"_tfdist_sharded", "_tfdist_distributed"} & set(vars(c)))
+@dataclasses.dataclass(frozen=True)
+class ScatterFirst(gradient_path.Step):
+    """`--shard gradients`: the local gradients reduce-scattered as Keras's apply receives
+    them, in front of `OwnedOnly` (its rank, size and update step are used).
 
-
-@functools.cache
-def gradients_class(sharded: type, engine) -> type:
-    """A subclass of `sharded` (a `tfdist.zero.optimizer` class) that reduce-scatters.
-
-    Args:
-        sharded: The optimizer-state-sharded class (its `_tfdist_rank`,
-            `_tfdist_size` and its update step, owned updates then the gather,
-            are used).
-        engine: Hashable; the engine's collectives for `scatter.owned_sums`,
-            with `all_sum(x)` (a scalar summed over the workers).
+    Fields:
+        engine: Hashable; the engine's collectives for `scatter.owned_sums`, with
+            `all_sum(x)` (a scalar summed over the workers).
+        owned: The path's `OwnedOnly` step.
     """
-    keras_base = _keras_base(sharded)
-    rank, size = sharded._tfdist_rank, sharded._tfdist_size
 
-    def _tfdist_reduce_grads(self, grads, variables):
+    engine: object
+    owned: object
+
+    marks = {"_tfdist_gets_reduced_grads": True,  # keras_grad_reduction: apply reduces nothing
+             "_tfdist_scatters": True, "_tfdist_shard_level": "gradients"}
+
+    def reduce_in_replica(self, opt, grads, variables, then):
         # keras_grad_reduction asks before Keras's apply: nothing is reduced there.
         return list(grads)
 
-    def _backend_apply_gradients(self, grads, trainable_variables):
+    def receive(self, opt, grads, trainable_variables, then):
+        rank = self.owned.rank
         variables = list(trainable_variables)
-        owner_of = [self._tfdist_owner[self._var_key(v)] for v in variables]
-        summed, last = scatter_lib.owned_sums(engine, list(grads), owner_of, rank, size)
+        owner_of = [opt._tfdist_owner[opt._var_key(v)] for v in variables]
+        summed, last = scatter_lib.owned_sums(self.engine, list(grads), owner_of, rank,
+                                              self.owned.size)
         mine = [i for i, o in enumerate(owner_of) if o == rank]
         # Read while this step is traced: every variable for the gather, and the last
         # collective, which the next one waits for (a rank that owns nothing, or whose
         # norm is a constant, has no other edge from the scatter to its gather).
-        _set_step(self, {"variables": variables, "owners": owner_of, "last": last})
-        return keras_base._backend_apply_gradients(
-            self, [summed[i] for i in mine], [variables[i] for i in mine])
+        gradient_path.set_trace_state(opt, variables=variables, owners=owner_of, last=last)
+        return then([summed[i] for i in mine], [variables[i] for i in mine])
 
-    def _clip_gradients(self, grads):
-        # The engine's all-reduce (a DistributedOptimizer's _clip_gradients) is skipped:
-        # these are the owned sums.
-        return _clip(self, keras_base, engine, grads, [rank] * len(grads), rank)
+    def reduce(self, opt, grads, then):
+        # The engine's all-reduce (AllReduce's) is skipped: these are the owned sums.
+        return grads
 
-    def _backend_increment_gradient_accumulators(self, grads, acc_grads):
+    def clip(self, opt, grads, then):
+        return _clip(opt, then, self.engine, grads, [self.owned.rank] * len(grads),
+                     self.owned.rank)
+
+    def accumulate(self, opt, grads, acc_grads, then):
         # Each worker's own plain variables (`optimizer._outside_strategy`): Keras's
         # extended.update would want a mirrored one under multi_worker.
         for g, acc in zip(grads, acc_grads):
             acc.assign_add(g)
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+    def update(self, opt, grads, trainable_variables, learning_rate, then):
         # Keras passes the owned variables only: the optimizer-level step (owned updates,
         # then the gather) gets every variable, None for the gradients of the others.
-        step = self._tfdist_step
+        step = gradient_path.trace_state(opt)
         index = {id(v): i for i, v in enumerate(step["variables"])}
         every = [None] * len(step["variables"])
         for g, v in zip(grads, trainable_variables):
             every[index[id(v)]] = g
         with _after(step["last"]):
-            sharded._backend_update_step(self, every, step["variables"], learning_rate)
-
-    return type(sharded.__name__, (sharded,), {
-        "_tfdist_reduce_grads": _tfdist_reduce_grads,
-        "_backend_apply_gradients": _backend_apply_gradients,
-        "_clip_gradients": _clip_gradients,
-        "_backend_update_step": _backend_update_step,
-        "_backend_increment_gradient_accumulators": _backend_increment_gradient_accumulators,
-        "_tfdist_gets_reduced_grads": True,  # keras_grad_reduction: apply reduces nothing
-        "_tfdist_whole_slots": (),  # accumulators too: only the owner's
-        "_tfdist_scatters": True,
-        "_tfdist_shard_level": "gradients",
-        "__module__": sharded.__module__,
-        "__doc__": f"{sharded.__name__} whose optimizer state and gradients are split "
-                   "across workers.",
-    })
+            then(every, step["variables"], learning_rate)
 
 
-@functools.cache
-def scattered_class(sharded: type, engine) -> type:
-    """A subclass of `sharded` (a `tfdist.zero.optimizer` class of an engine whose
-    DistributedOptimizer all-reduces in `_clip_gradients`: shm, horovod) that
-    reduce-scatters there instead, at `--shard optimizer`.
+@dataclasses.dataclass(frozen=True)
+class ScatterAccumulated(gradient_path.Step):
+    """`--shard optimizer` on an engine whose DistributedOptimizer all-reduces (shm,
+    horovod): the accumulated gradients reduce-scattered onto their owners in place of
+    the all-reduce, in front of `OwnedOnly`.
 
     Keras has accumulated the local gradients (each worker's accumulators stay
     whole, and the engine communicates once per update, as without sharding);
     each is then reduced onto its owner only (`scatter.owned_sums`), the others
     dropped, so no worker holds another's reduced gradient. Clipping and the
     gather are as at "gradients".
+
+    Fields: as `ScatterFirst`'s.
     """
-    keras_base = _keras_base(sharded)
-    rank, size = sharded._tfdist_rank, sharded._tfdist_size
 
-    def _backend_apply_gradients(self, grads, trainable_variables):
+    engine: object
+    owned: object
+
+    marks = {"_tfdist_scatters": True}
+
+    def receive(self, opt, grads, trainable_variables, then):
         variables = list(trainable_variables)
-        _set_step(self, {"variables": variables, "last": None,
-                         "owners": [self._tfdist_owner[self._var_key(v)] for v in variables]})
-        return sharded._backend_apply_gradients(self, grads, variables)
+        gradient_path.set_trace_state(
+            opt, variables=variables, last=None,
+            owners=[opt._tfdist_owner[opt._var_key(v)] for v in variables])
+        return then(grads, variables)
 
-    def _clip_gradients(self, grads):
+    def reduce(self, opt, grads, then):
         # In place of the DistributedOptimizer's all-reduce: unowned gradients become None
         # (the update step reads the owned ones only).
-        step = self._tfdist_step
-        grads, step["last"] = scatter_lib.owned_sums(engine, list(grads), step["owners"],
-                                                     rank, size)
-        return _clip(self, keras_base, engine, grads, step["owners"], rank)
+        step = gradient_path.trace_state(opt)
+        grads, step["last"] = scatter_lib.owned_sums(self.engine, list(grads), step["owners"],
+                                                     self.owned.rank, self.owned.size)
+        return grads
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        with _after(self._tfdist_step["last"]):
-            sharded._backend_update_step(self, grads, trainable_variables, learning_rate)
+    def clip(self, opt, grads, then):
+        return _clip(opt, then, self.engine, grads, gradient_path.trace_state(opt)["owners"],
+                     self.owned.rank)
 
-    return type(sharded.__name__, (sharded,), {
-        "_backend_apply_gradients": _backend_apply_gradients,
-        "_clip_gradients": _clip_gradients,
-        "_backend_update_step": _backend_update_step,
-        "_tfdist_scatters": True,
-        "__module__": sharded.__module__,
-        "__doc__": f"{sharded.__name__} whose optimizer state is split across workers, its "
-                   "gradients reduce-scattered onto their owners.",
-    })
+    def update(self, opt, grads, trainable_variables, learning_rate, then):
+        with _after(gradient_path.trace_state(opt)["last"]):
+            then(grads, trainable_variables, learning_rate)
 
 
-def _clip(optimizer, keras_base, engine, grads, owners, rank: int) -> list:
-    """Keras's clipping of the owned sums; by global norm, the norm summed over the
-    workers by one scalar all-reduce that waits for the step's last collective."""
+def _clip(optimizer, then, engine, grads, owners, rank: int) -> list:
+    """Keras's clipping of the owned sums (`then`: Keras's own); by global norm, the norm
+    summed over the workers by one scalar all-reduce that waits for the step's last
+    collective."""
     if not ((optimizer.global_clipnorm or 0) > 0 and not (optimizer.clipnorm or 0) > 0):
-        return keras_base._clip_gradients(optimizer, grads)
-    step = optimizer._tfdist_step
+        return then(grads)
+    step = gradient_path.trace_state(optimizer)
 
     def all_sum(x):
         with _after(step["last"]):
@@ -166,13 +155,6 @@ def _clip(optimizer, keras_base, engine, grads, owners, rank: int) -> list:
 
     return scatter_lib.clip_by_global_norm(grads, owners, rank, optimizer.global_clipnorm,
                                            all_sum)
-
-
-def _set_step(optimizer, step: dict) -> None:
-    """Keeps what the step being traced needs, out of Keras's tracking: an attribute
-    set the usual way would have the optimizer track the model's variables in it as
-    its own (and save them with its state)."""
-    optimizer.__dict__["_tfdist_step"] = step
 
 
 def _after(tensor):

@@ -18,8 +18,9 @@ norm over every worker's part (a scalar all-reduce of the owners' squares).
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
+from tfdist import gradient_path
 from tfdist.zero import partition
 from tfdist.zero import scatter as scatter_lib
 
@@ -37,84 +38,94 @@ def variable_bytes(variable) -> int:
     return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
 
 
-class OwnedOnly:
-    """The overrides of an optimizer that keeps, and updates, only its worker's variables,
-    in front of a distributed optimizer class (see the module).
+@dataclasses.dataclass(frozen=True)
+class OwnedOnly(gradient_path.Step):
+    """The path's steps of an optimizer that keeps, and updates, only its worker's
+    variables (see the module).
 
-    `_sharded_class` sets, as class attributes: `_tfdist_over` (the class it
-    extends), `_tfdist_gather`, `_tfdist_scatter` (None: gradients all-reduced),
-    `_tfdist_rank`, `_tfdist_size`.
+    Fields:
+        gather: Hashable; `gather(variables, owners, rank)` (see `shard`).
+        rank: This worker's rank.
+        size: Data-parallel workers.
+        scatter: Hashable or None; see `shard` (None: gradients all-reduced).
+        level: "optimizer", or "gradients" (the accumulators are the owner's only).
     """
 
-    _tfdist_sharded = True
-    _tfdist_whole_slots = (ACCUMULATOR,)  # local gradients: whole everywhere
-    _tfdist_shard_level = "optimizer"
+    gather: object
+    rank: int
+    size: int
+    scatter: object = None
+    level: str = "optimizer"
 
-    def _owners_of(self, variables):
-        if getattr(self, "_tfdist_owner", None) is None:  # apply() has not built it yet
-            return partition.owners([variable_bytes(v) for v in variables], self._tfdist_size)
-        return [self._tfdist_owner[self._var_key(v)] for v in variables]
+    @property
+    def marks(self) -> dict:
+        return {"_tfdist_sharded": True, "_tfdist_shard_level": self.level}
 
-    def _tfdist_reduce_grads(self, grads, variables):
-        # Called in replica context in place of the all-reduce; None: all-reduce as before.
-        if self._tfdist_scatter is None:
-            return None
-        self._tfdist_partial = True
-        return self._tfdist_scatter(list(grads), self._owners_of(variables), self._tfdist_rank)
+    def describe(self) -> str:
+        return f"OwnedOnly (worker {self.rank} of {self.size})"
 
-    def _backend_apply_gradients(self, grads, trainable_variables):
-        if self._tfdist_scatter is not None:
-            self._tfdist_applying = self._owners_of(trainable_variables)  # for _clip_gradients
-        return self._tfdist_over._backend_apply_gradients(self, grads, trainable_variables)
+    def owners_of(self, opt, variables) -> list:
+        """Each variable's owning worker."""
+        if getattr(opt, "_tfdist_owner", None) is None:  # apply() has not built it yet
+            return partition.owners([variable_bytes(v) for v in variables], self.size)
+        return [opt._tfdist_owner[opt._var_key(v)] for v in variables]
 
-    def _clip_gradients(self, grads):
-        if not (self._tfdist_scatter is not None and getattr(self, "_tfdist_partial", False)
-                and not (self.clipnorm or 0) > 0 and (self.global_clipnorm or 0) > 0):
-            return self._tfdist_over._clip_gradients(self, grads)
+    def reduce_in_replica(self, opt, grads, variables, then):
+        # Called in replica context in place of the all-reduce.
+        if self.scatter is None:
+            return then(grads, variables)
+        gradient_path.set_trace_state(opt, partial=True)
+        return self.scatter(list(grads), self.owners_of(opt, variables), self.rank)
+
+    def receive(self, opt, grads, trainable_variables, then):
+        if self.scatter is not None:  # for clip
+            gradient_path.set_trace_state(opt, applying=self.owners_of(opt, trainable_variables))
+        return then(grads, trainable_variables)
+
+    def clip(self, opt, grads, then):
+        if not (self.scatter is not None and gradient_path.trace_state(opt).get("partial")
+                and not (opt.clipnorm or 0) > 0 and (opt.global_clipnorm or 0) > 0):
+            return then(grads)
         # Keras's clip_by_global_norm, its norm summed over the owners' parts (an unowned
         # dense gradient here is local, and is not used: it is left as it is).
         from tfdist.compat import tf_all_to_all
 
-        return scatter_lib.clip_by_global_norm(grads, self._tfdist_applying, self._tfdist_rank,
-                                               self.global_clipnorm, tf_all_to_all.all_reduce_sum)
+        return scatter_lib.clip_by_global_norm(
+            grads, gradient_path.trace_state(opt)["applying"], self.rank, opt.global_clipnorm,
+            tf_all_to_all.all_reduce_sum)
 
-    def build(self, variables):
+    def build(self, opt, variables, then):
         sizes = [variable_bytes(v) for v in variables]
-        owner_of = partition.owners(sizes, self._tfdist_size)
-        self._tfdist_owner = {self._var_key(v): o for v, o in zip(variables, owner_of)}
-        self._tfdist_over.build(self, variables)
+        owner_of = partition.owners(sizes, self.size)
+        opt._tfdist_owner = {opt._var_key(v): o for v, o in zip(variables, owner_of)}
+        then(variables)
         # Before the first step, each worker says what it will hold.
-        print(partition.holdings(sizes, self._tfdist_size, self._tfdist_rank,
-                                 self._tfdist_shard_level, sum(
-                                     variable_bytes(v) for v in self.variables
-                                     if is_shard_slot(v))), flush=True)
+        print(partition.holdings(sizes, self.size, self.rank, self.level, sum(
+            variable_bytes(v) for v in opt.variables if is_shard_slot(v))), flush=True)
 
-    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
-        base = self._tfdist_over
-        owner = getattr(self, "_tfdist_owner", {}).get(self._var_key(reference_variable))
-        if owner is None or name in self._tfdist_whole_slots:
-            return base.add_variable_from_reference(self, reference_variable, name=name,
-                                                    initializer=initializer)
+    def make_slot(self, opt, reference_variable, name, initializer, then):
+        owner = getattr(opt, "_tfdist_owner", {}).get(opt._var_key(reference_variable))
+        if owner is None or (name == ACCUMULATOR and self.level == "optimizer"):
+            # A gradient accumulator holds local gradients at "optimizer": whole everywhere.
+            return then(reference_variable, name, initializer)
         with _outside_strategy():  # this worker's own: see tfdist.zero.mwms
-            if owner == self._tfdist_rank:
-                slot = base.add_variable_from_reference(self, reference_variable, name=name,
-                                                        initializer=initializer)
+            if owner == self.rank:
+                slot = then(reference_variable, name, initializer)
             else:
                 path = getattr(reference_variable, "path", reference_variable.name)
-                slot = self.add_variable(shape=(0,), initializer=initializer,
-                                         dtype=reference_variable.dtype,
-                                         name=f"{path.replace('/', '_')}_{name or 'var'}")
+                slot = opt.add_variable(shape=(0,), initializer=initializer,
+                                        dtype=reference_variable.dtype,
+                                        name=f"{path.replace('/', '_')}_{name or 'var'}")
         setattr(slot, SLOT_MARK, True)
         return slot
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        rank, gather = self._tfdist_rank, self._tfdist_gather
-        owner_of = [self._tfdist_owner[self._var_key(v)] for v in trainable_variables]
+    def update(self, opt, grads, trainable_variables, learning_rate, then):
+        rank, gather = self.rank, self.gather
+        owner_of = [opt._tfdist_owner[opt._var_key(v)] for v in trainable_variables]
         mine = [i for i, o in enumerate(owner_of) if o == rank]
         if mine:
-            self._tfdist_over._backend_update_step(
-                self, [grads[i] for i in mine], [trainable_variables[i] for i in mine],
-                learning_rate)
+            then([grads[i] for i in mine], [trainable_variables[i] for i in mine],
+                 learning_rate)
         keep = getattr(gather, "keep", None)
         if keep is not None:
             # The gather waits for every reduced gradient, used here or not: an engine
@@ -125,26 +136,11 @@ class OwnedOnly:
         else:
             gather(list(trainable_variables), owner_of, rank)
 
-    def save_own_variables(self, store):
+    def save(self, opt, store, then):
         # A saved model is whole: it keeps the shared variables, not this worker's share
         # of the slots (Keras then skips the optimizer's variables on load, with a warning).
-        for i, variable in enumerate(v for v in self.variables if not is_shard_slot(v)):
+        for i, variable in enumerate(v for v in opt.variables if not is_shard_slot(v)):
             store[str(i)] = variable.numpy()
-
-
-@functools.cache
-def _sharded_class(base: type, gather, rank: int, size: int, scatter=None) -> type:
-    """`OwnedOnly` in front of `base` (a distributed optimizer class)."""
-    return type(base.__name__, (OwnedOnly, base), {
-        "__module__": base.__module__,
-        "__doc__": f"{base.__name__} whose optimizer state is split across workers.",
-        "_tfdist_sharded": True,  # gradients._keras_base: not Keras's own class
-        "_tfdist_over": base,
-        "_tfdist_gather": gather,
-        "_tfdist_scatter": scatter,
-        "_tfdist_rank": rank,
-        "_tfdist_size": size,
-    })
 
 
 def _outside_strategy():
@@ -196,12 +192,13 @@ def shard(distributed, gather, rank: int, size: int, scatter=None, level: str = 
         raise ValueError(f"level must be 'optimizer' or 'gradients' (with an engine), and "
                          f"scatter and engine are not both given. Received: level={level!r}, "
                          f"scatter={scatter!r}, engine={engine!r}.")
-    cls = _sharded_class(type(distributed), gather, rank, size, scatter)
+    owned = OwnedOnly(gather, rank, size, scatter, level)
+    cls = gradient_path.extended(type(distributed), owned)
     if engine is not None:
         from tfdist.zero import gradients
 
-        cls = (gradients.gradients_class if level == "gradients" else
-               gradients.scattered_class)(cls, engine)
+        cls = gradient_path.extended(cls, (gradients.ScatterFirst if level == "gradients" else
+                                           gradients.ScatterAccumulated)(engine, owned))
     return rebuilt(cls, distributed)
 
 

@@ -231,11 +231,9 @@ def _scatter_round(engine, members, rank: int, after=None, count: int = 0):
 def partial_norm(grads, owners, rank: int):
     """Keras's squared global norm of the gradients this worker owns (dense: summed here;
     sparse: whole everywhere, so counted by its owner only); 0.0 when it owns none."""
-    from keras import ops
+    from tfdist import gradient_path
 
-    squared = [ops.sum(ops.square(g)) for g, o in zip(grads, owners)
-               if g is not None and o == rank]
-    return ops.sum(ops.stack(squared)) if squared else ops.convert_to_tensor(0.0)
+    return gradient_path.squared_sum([g for g, o in zip(grads, owners) if o == rank])
 
 
 def clip_by_global_norm(grads, owners, rank: int, clip_norm: float, all_sum) -> list:
@@ -243,15 +241,14 @@ def clip_by_global_norm(grads, owners, rank: int, clip_norm: float, all_sum) -> 
     worker's part (`all_sum`: a scalar summed over the workers, called on every worker
     even when it owns none), after the repeated sparse rows are summed as Keras's own
     (patched) clipping does; the gradients of other owners are left as they are."""
-    from keras import ops
-
+    from tfdist import gradient_path
     from tfdist.compat import keras_sparse_duplicates
 
     if keras_sparse_duplicates.is_applied():
         grads = [keras_sparse_duplicates.deduplicate(g) for g in grads]
-    use_norm = ops.sqrt(all_sum(partial_norm(grads, owners, rank)))
-    scale = clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm) + (use_norm - use_norm)
-    return [g * scale if g is not None and o == rank else g for g, o in zip(grads, owners)]
+    mine = [o == rank for o in owners]
+    return gradient_path.clip_by_global_norm(grads, clip_norm, counted=mine, scaled=mine,
+                                             total=all_sum)
 
 
 def tensors_of(grads) -> list:

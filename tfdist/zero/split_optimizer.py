@@ -1,8 +1,8 @@
 """The optimizer of a model split by rows (`--shard parameters`, `tfdist.zero.parameters`).
 
-`optimizer_class(distributed, engine, rank, n)` puts `SplitRows` in front of
-`distributed`: an engine's DistributedOptimizer class, whose `_clip_gradients`
-all-reduces through `_tfdist_allreduce` (shm, horovod), or a Keras optimizer
+`optimizer(distributed, engine, rank, n)` puts `SplitRows`, steps of
+`tfdist.gradient_path`, in front of `distributed`'s: an engine's DistributedOptimizer,
+which all-reduces through `_tfdist_allreduce` (shm, horovod), or a Keras optimizer
 class under MultiWorkerMirrored, whose gradients
 `tfdist.compat.keras_grad_reduction` reduces before Keras's `apply`
 (`_tfdist_reduce_grads`: the whole variables' only). The split variables'
@@ -19,8 +19,9 @@ accumulation run on them directly, as Keras's own functions do inside it.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
+from tfdist import gradient_path
 from tfdist.errors import ConfigError
 from tfdist.zero import partition
 from tfdist.zero.parameters import ROWS, chain, full_shape, rows_of
@@ -36,18 +37,28 @@ def _split_apart(variables):
     return [i for i in range(len(variables)) if i not in taken], split
 
 
-class SplitRows:
-    """The overrides for split variables, in front of a distributed optimizer class.
+@dataclasses.dataclass(frozen=True)
+class SplitRows(gradient_path.Step):
+    """The path's steps for split variables, in front of an engine's `AllReduce` or a
+    Keras optimizer under MultiWorkerMirrored (see the module).
 
-    `optimizer_class` sets, as class attributes: `_tfdist_rows_over` (the class
-    it extends), `_tfdist_keras_base` (Keras's own class under it),
-    `_tfdist_engine` (the engine's collectives), `_tfdist_rank`, `_tfdist_size`.
+    Fields:
+        engine: Hashable; the engine's collectives (`all_sum` is used).
+        rank: This worker's rank.
+        size: Data-parallel workers.
     """
 
-    _tfdist_shard_level = "parameters"
-    _tfdist_scatters = True  # the split variables' gradients: reduce-scattered
+    engine: object
+    rank: int
+    size: int
 
-    def _tfdist_reduce_grads(self, grads, variables):
+    marks = {"_tfdist_shard_level": "parameters",
+             "_tfdist_scatters": True}  # the split variables' gradients: reduce-scattered
+
+    def describe(self) -> str:
+        return f"SplitRows (worker {self.rank} of {self.size})"
+
+    def reduce_in_replica(self, opt, grads, variables, then):
         # multi_worker: the whole variables' gradients summed; the split ones arrive
         # reduced (their reduce-scatter ran in the backward pass).
         import tensorflow as tf
@@ -62,94 +73,81 @@ class SplitRows:
                 out[i] = g
         return out
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+    def update(self, opt, grads, trainable_variables, learning_rate, then):
         variables = list(trainable_variables)
         whole, split = _split_apart(variables)
         if whole:
-            self._tfdist_rows_over._backend_update_step(
-                self, [grads[i] for i in whole], [variables[i] for i in whole], learning_rate)
+            then([grads[i] for i in whole], [variables[i] for i in whole], learning_rate)
         for i in split:
             if grads[i] is not None:
-                self.update_step(grads[i], variables[i].value, learning_rate)
+                opt.update_step(grads[i], variables[i].value, learning_rate)
 
-    def _apply_weight_decay(self, variables):
+    def decay(self, opt, variables, then):
         import tensorflow as tf
 
         variables = list(variables)
         whole, split = _split_apart(variables)
-        self._tfdist_rows_over._apply_weight_decay(self, [variables[i] for i in whole])
-        if self.weight_decay is None:
+        then([variables[i] for i in whole])
+        if opt.weight_decay is None:
             return
         for i in split:  # Keras's weight_decay_fn (keras/src/backend/tensorflow/optimizer.py)
             v = variables[i].value
-            if self._use_weight_decay(variables[i]):
-                lr = tf.cast(self.learning_rate, v.dtype)
-                wd = tf.cast(self.weight_decay, v.dtype)
+            if opt._use_weight_decay(variables[i]):
+                lr = tf.cast(opt.learning_rate, v.dtype)
+                wd = tf.cast(opt.weight_decay, v.dtype)
                 v.assign_sub(v * wd * lr)
 
-    def _backend_increment_gradient_accumulators(self, grads, acc_grads):
+    def accumulate(self, opt, grads, acc_grads, then):
         acc_grads = list(acc_grads)
         whole, split = _split_apart(acc_grads)
         if whole:
-            self._tfdist_rows_over._backend_increment_gradient_accumulators(
-                self, [grads[i] for i in whole], [acc_grads[i] for i in whole])
+            then([grads[i] for i in whole], [acc_grads[i] for i in whole])
         for i in split:
             acc_grads[i].assign(grads[i] + acc_grads[i])
 
-    def _backend_apply_gradients(self, grads, trainable_variables):
-        from tfdist.zero.gradients import _set_step
-
+    def receive(self, opt, grads, trainable_variables, then):
         variables = list(trainable_variables)
-        _set_step(self, {"split": [rows_of(v) is not None for v in variables]})
-        return self._tfdist_keras_base._backend_apply_gradients(self, grads, variables)
+        gradient_path.set_trace_state(opt, split=[rows_of(v) is not None for v in variables])
+        return then(grads, variables)
 
-    def _clip_gradients(self, grads):
-        if (self.clipnorm or 0) > 0:
-            raise ConfigError(
-                f"--shard parameters cannot clip each variable's norm (clipnorm="
-                f"{self.clipnorm}): a worker holds rows of it. Received: clipnorm="
-                f"{self.clipnorm}. Use global_clipnorm (--clipnorm), or --shard gradients.")
-        split = self._tfdist_step["split"]
-        grads = self._reduce_whole(grads, split)
-        if not (self.global_clipnorm or 0) > 0:
-            return self._tfdist_keras_base._clip_gradients(self, grads)
-        return self._clip_by_global_norm(grads, split)
-
-    def _reduce_whole(self, grads, split):
-        """The whole variables' gradients all-reduced by the engine's DistributedOptimizer
-        (multi_worker reduced them before Keras's apply: `_tfdist_reduce_grads`)."""
+    def reduce(self, opt, grads, then):
+        """The whole variables' gradients all-reduced by the engine's AllReduce (in its
+        place: multi_worker reduced them before Keras's apply, `reduce_in_replica`)."""
+        split = gradient_path.trace_state(opt)["split"]
         c = chain()
         whole = [None if s else g for g, s in zip(grads, split)]
-        if hasattr(self, "_tfdist_allreduce") and any(g is not None for g in whole):
+        if hasattr(opt, "_tfdist_allreduce") and any(g is not None for g in whole):
             with c.next():
-                reduced = self._tfdist_allreduce(whole)
+                reduced = opt._tfdist_allreduce(whole)
             got = [g for g in reduced if g is not None]
             c.last = getattr(got[-1], "values", got[-1]) if got else c.last
         else:
             reduced = whole
         return [g if s else r for g, r, s in zip(grads, reduced, split)]
 
-    def _clip_by_global_norm(self, grads, split):
-        """Keras's clip_by_global_norm: the rows' squares summed over the workers, the
-        whole variables' (equal everywhere) counted once."""
-        import tensorflow as tf
-
-        def squares(pick):
-            terms = [tf.reduce_sum(tf.square(tf.convert_to_tensor(g)))
-                     for g, s in zip(grads, split) if g is not None and s == pick]
-            return tf.add_n(terms) if terms else tf.constant(0.0)
-
+    def clip(self, opt, grads, then):
+        if (opt.clipnorm or 0) > 0:
+            raise ConfigError(
+                f"--shard parameters cannot clip each variable's norm (clipnorm="
+                f"{opt.clipnorm}): a worker holds rows of it. Received: clipnorm="
+                f"{opt.clipnorm}. Use global_clipnorm (--clipnorm), or --shard gradients.")
+        if not (opt.global_clipnorm or 0) > 0:
+            return then(grads)
+        # The rows' squares summed over the workers, the whole variables' (equal
+        # everywhere) counted once.
+        split = gradient_path.trace_state(opt)["split"]
         c = chain()
-        with c.next():
-            rows_total = self._tfdist_engine.all_sum(squares(True))
-            c.last = rows_total
-        norm = tf.sqrt(rows_total + squares(False))
-        clip = self.global_clipnorm
-        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
-        return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
 
-    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
-        keras_base = self._tfdist_keras_base
+        def total(rows_squared):
+            with c.next():
+                c.last = rows_total = self.engine.all_sum(rows_squared)
+            return rows_total + gradient_path.squared_sum(
+                [g for g, s in zip(grads, split) if not s])
+
+        return gradient_path.clip_by_global_norm(grads, opt.global_clipnorm, counted=split,
+                                                 total=total)
+
+    def make_slot(self, opt, reference_variable, name, initializer, then):
         rows = rows_of(reference_variable)
         if rows is not None:
             import tensorflow as tf
@@ -161,56 +159,35 @@ class SplitRows:
             # A plain variable of this worker; not colocated through the strategy
             # (which refuses a variable made outside its scope).
             with _outside_strategy():
-                add = BaseOptimizer.add_variable_from_reference \
-                    if tf.distribute.has_strategy() else keras_base.add_variable_from_reference
-                slot = add(self, reference_variable, name=name, initializer=initializer)
+                if tf.distribute.has_strategy():
+                    slot = BaseOptimizer.add_variable_from_reference(
+                        opt, reference_variable, name=name, initializer=initializer)
+                else:
+                    slot = then(reference_variable, name, initializer)
         else:
-            slot = keras_base.add_variable_from_reference(self, reference_variable, name=name,
-                                                          initializer=initializer)
+            slot = then(reference_variable, name, initializer)
         if rows is not None and tuple(slot.shape) == tuple(reference_variable.shape):
             setattr(slot, ROWS, rows)  # this worker's rows of the whole slot
             slot._tfdist_split = reference_variable._tfdist_split
         return slot
 
-    def build(self, variables):
-        self._tfdist_rows_over.build(self, variables)
-        print(holdings(list(variables), list(self.variables), self._tfdist_rank,
-                       self._tfdist_size), flush=True)
-
-
-@functools.cache
-def optimizer_class(distributed: type, engine, rank: int, n: int) -> type:
-    """`SplitRows` in front of `distributed` (see the module).
-
-    Args:
-        distributed: The DistributedOptimizer class, or the Keras optimizer class.
-        engine: Hashable; the engine's collectives (`all_sum` is used).
-        rank: This worker's rank.
-        n: Data-parallel workers.
-    """
-    from tfdist.zero.gradients import _keras_base
-
-    return type(distributed.__name__, (SplitRows, distributed), {
-        "__module__": distributed.__module__,
-        "__doc__": f"{distributed.__name__} of a model whose weights are split across workers.",
-        "_tfdist_rows_over": distributed,
-        "_tfdist_keras_base": _keras_base(distributed),
-        "_tfdist_engine": engine,
-        "_tfdist_rank": rank,
-        "_tfdist_size": n,
-    })
+    def build(self, opt, variables, then):
+        then(variables)
+        print(holdings(list(variables), list(opt.variables), self.rank, self.size),
+              flush=True)
 
 
 def optimizer(distributed, engine, rank: int, n: int):
     """A copy of `distributed` (unbuilt, an engine's DistributedOptimizer) for split
-    variables (`optimizer_class`), built from its config."""
+    variables (`SplitRows`), built from its config."""
     if getattr(distributed, "built", False):
         raise ValueError("zero.split_optimizer.optimizer() needs an optimizer that has not "
                          "been built.")
     refuse_whole_weight(distributed)
     from tfdist.zero.optimizer import rebuilt
 
-    return rebuilt(optimizer_class(type(distributed), engine, rank, n), distributed)
+    return rebuilt(gradient_path.extended(type(distributed), SplitRows(engine, rank, n)),
+                   distributed)
 
 
 def refuse_whole_weight(optimizer) -> None:
