@@ -1,7 +1,7 @@
 """How much memory this process holds and may still take, read from /proc and its cgroup.
 
 Pure reads of text files (no TensorFlow): the final save (`final_weights`)
-and the pipeline's planner (`model_parallel.auto`) both ask.
+and the pipeline's planner (`model_parallel.planning.auto`) both ask.
 """
 
 from __future__ import annotations

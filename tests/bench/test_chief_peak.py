@@ -3,7 +3,7 @@
 import pytest
 
 from tfdist.bench import chief_peak
-from tfdist.model_parallel import memory_plan
+from tfdist.model_parallel.planning import memory_plan
 
 MIB = 2 ** 20
 

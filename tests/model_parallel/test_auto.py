@@ -1,6 +1,6 @@
 """`--schedule auto` and `--balance time`: the arithmetic around the planner (pure)."""
 
-from tfdist.model_parallel import auto, planner
+from tfdist.model_parallel.planning import auto, planner
 from tfdist.strategies.options import StrategyOptions
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfdist.model_parallel import memory_plan
+from tfdist.model_parallel.planning import memory_plan
 
 
 def _rows(model, schedule, microbatch_rows):

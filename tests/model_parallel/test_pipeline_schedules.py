@@ -167,7 +167,7 @@ def test_schedule_auto_takes_the_one_schedule_that_fits_the_memory_limit(monkeyp
     import keras
 
     from tfdist import memory_limit
-    from tfdist.model_parallel import auto
+    from tfdist.model_parallel.planning import auto
     from tfdist.strategies.options import StrategyOptions
 
     options = StrategyOptions(microbatches=4, schedule="auto")

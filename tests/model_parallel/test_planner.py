@@ -3,7 +3,8 @@
 import pytest
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import planner, schedules, simulate
+from tfdist.model_parallel import schedules
+from tfdist.model_parallel.planning import planner, simulate
 
 LAYERS = [planner.LayerCost(1.0, 1.0, 1.0, 100, 1000)] * 4  # F = I = W, equal layers
 CUTS = {"gpipe": [0, 2, 4], "1f1b": [0, 2, 4], "zb": [0, 2, 4], "interleaved": [0, 1, 2, 3, 4]}
@@ -165,7 +166,7 @@ def test_each_weight_gradient_after_a_chunks_first_is_added_into_its_running_sum
 
 
 def test_a_batched_dense_weight_gradient_moves_from_each_backward_to_the_stage_end():
-    from tfdist.model_parallel import planner
+    from tfdist.model_parallel.planning import planner
 
     # 2 layers, one a stage: F 1, I 1, W 1 a micro-batch, weight gradients batched up to M = 8.
     layers = [planner.LayerCost(1.0, 1.0, 1.0, 10, 100, accumulate_s=0.5, batched_upto=8)] * 2
@@ -186,7 +187,7 @@ def test_profile_batches_a_plain_dense_up_to_the_rows_its_kernel_outweighs():
     import keras
     import numpy as np
 
-    from tfdist.model_parallel import profile
+    from tfdist.model_parallel.planning import profile
 
     layer = keras.layers.Dense(64)
     layer.build((None, 64))

@@ -7,7 +7,8 @@ def test_each_layer_call_is_timed_and_its_bytes_counted():
     import keras
 
     from tfdist.model_parallel import graph as graph_lib
-    from tfdist.model_parallel import planner, profile, schedules
+    from tfdist.model_parallel import schedules
+    from tfdist.model_parallel.planning import planner, profile
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))
@@ -37,7 +38,8 @@ def test_a_model_without_values_is_timed_on_fresh_copies_and_left_as_it_was():
 
     import keras
 
-    from tfdist.model_parallel import deferred, profile
+    from tfdist.model_parallel import deferred
+    from tfdist.model_parallel.planning import profile
 
     def build():
         keras.utils.set_random_seed(0)
@@ -56,7 +58,7 @@ def test_a_model_without_values_is_timed_on_fresh_copies_and_left_as_it_was():
 
 
 def test_the_fixed_cost_of_an_action_is_timed_in_a_graph():
-    from tfdist.model_parallel import profile
+    from tfdist.model_parallel.planning import profile
 
     got = profile.action_s(repeats=3, actions=32)
     # The executor's cost of a few ops and a control edge: microseconds, never negative

@@ -3,7 +3,8 @@
 import pytest
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import schedules, simulate
+from tfdist.model_parallel import schedules
+from tfdist.model_parallel.planning import simulate
 
 # Every schedule at every size below: (name, V).
 EVERY = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3), ("zb", 1)]

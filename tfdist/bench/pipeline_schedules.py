@@ -54,7 +54,7 @@ def predicted_ratio(name: str, stages: int, microbatches: int, virtual: int) -> 
 
     A step is a stage's work over its busy share, W / (1 - bubble).
     """
-    from tfdist.model_parallel import simulate
+    from tfdist.model_parallel.planning import simulate
 
     v = virtual if name == "interleaved" else 1
     return ((1 - simulate.formula("1f1b", stages, microbatches)) /
@@ -122,7 +122,7 @@ def measure(args, run_job, planned=None, trace=_trace) -> dict:
     moment than the steps it predicts measures the load, not the planner);
     `planned`, when given, stands for every repeat's."""
     from tfdist.bench import timeline
-    from tfdist.model_parallel import simulate
+    from tfdist.model_parallel.planning import simulate
 
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     if names[0] != "1f1b":

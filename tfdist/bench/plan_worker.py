@@ -2,7 +2,7 @@
 
 Builds RECIPE's model (as `tfdist.train` would, no training), measures each
 layer call on one micro-batch of ROWS rows with one intra-op thread
-(`model_parallel.profile`) and the fixed cost of one action
+(`model_parallel.planning.profile`) and the fixed cost of one action
 (`profile.action_s`), cuts it as each schedule would on P stages
 (`graph.balanced_cuts`: P chunks, P·V interleaved) and prints one result
 line (`runs.emit`) with each schedule's prediction (`planner.plan`,
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     from tfdist import train
     from tfdist.bench import runs
     from tfdist.model_parallel import graph as graph_lib
-    from tfdist.model_parallel import planner, profile
+    from tfdist.model_parallel.planning import planner, profile
 
     tf.constant(0.0) + 1.0  # TensorFlow's runtime started, as in a stage task
     baseline = memory_limit.rss_bytes() or 0

@@ -114,8 +114,8 @@ def split(model, devices: list[str] | None = None, placement: str = "", microbat
                                             virtual_stages) for c in range(1, copies)]
     split_plan = stage_lib.SplitPlan(bounds, tuple(n.layer for n in graph.nodes),
                                      tuple(tuple(g) for g in copy_groups))
-    clones = [surgery.placed_clone(model, {name: groups[s] for name, s in stage_of.items()})
-              for groups in split_plan.copy_groups]
+    clones = [surgery.placed_clone(model, {name: groups[s] for name, s in stage_of.items()},
+                                   graph) for groups in split_plan.copy_groups]
     out = _model_class()(clones[0], split_plan, microbatches, schedule, copies=clones[1:],
                          virtual=virtual_stages, name=model.name)
     object.__setattr__(out, "plain_json", model.to_json())  # what the run's weights load into

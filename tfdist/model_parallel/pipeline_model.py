@@ -3,8 +3,9 @@
 `tfdist.model_parallel.pipeline.split` cuts a model and builds one; this
 module holds the Keras model class itself (it imports Keras and TensorFlow,
 which `pipeline`'s planning does not need), its train step
-(`_run_schedule`: each device's actions in the schedule's order, each stage's
-gradients added to its running sum as its backward makes them) and the
+(`_run_schedule`: each device's actions in the schedule's order, each run by its
+stage's `stage_step.StageStep`, which adds the stage's gradients to its running sum
+as its backward makes them) and the
 stages of each data-parallel copy (`stages_of`).
 """
 
@@ -18,16 +19,11 @@ from keras import tree
 
 from tfdist.errors import ConfigError
 from tfdist.model_parallel import graph as graph_lib
-from tfdist.model_parallel import (batched_weight_grads, placed_updates, schedules, surgery,
-                                   update_order)
+from tfdist.model_parallel import (batched_weight_grads, placed_updates, schedules,
+                                   stage_step, surgery, update_order)
 from tfdist.model_parallel import stage as stage_lib
 
 _add = stage_lib.add_gradients
-
-
-def _dense(t):
-    """A tensor a control dependency can name (an IndexedSlices' values)."""
-    return getattr(t, "values", t)
 
 
 def stages_of(copy, split_plan, groups):
@@ -39,51 +35,6 @@ def stages_of(copy, split_plan, groups):
                           "than the model it was cut from; it cannot take the same stages.")
     return [stage_lib.Stage(s, graph, nodes, split_plan.bounds, copy, devices)
             for s, devices in enumerate(groups)]
-
-
-def _forward(stage, h, split, record, loss):
-    """A stage's forward of one micro-batch under a tape of its own.
-
-    Args:
-        stage: The `Stage`.
-        h: Its input tensors.
-        split: Whether each layer call gets a tape of its own (zero bubble).
-        record: Its `MicrobatchCalls` (None: no batched weight gradients; always
-            None when `split`).
-        loss: outputs -> the scaled loss, for the last stage (under the tape).
-
-    Returns:
-        (the tape, its outputs, the split calls' record (None unless `split`), the
-        last stage's loss (None for another)).
-    """
-    made = target = None
-    with tf.GradientTape() as tape:
-        if split:
-            out, made = stage.forward_split(list(h), training=True)
-            tape.watch([t for t in out if t.dtype.is_floating])
-        else:
-            if stage.index > 0:  # the model's inputs (maybe tokens) need no gradient
-                tape.watch([t for t in h if t.dtype.is_floating])
-            out = stage.forward(list(h), training=True, batched=record)
-        if stage.last:
-            target = loss(out)
-    return tape, out, made, target
-
-
-def _add_batched(stages, waiting, sums) -> set:
-    """Adds each stage's once-a-step Dense weight gradients over `waiting[k]` (its
-    backward-done `DenseCall`s) into `sums[k]`, after its own last backward.
-
-    Returns:
-        The ids of the variables those gradients are for.
-    """
-    once = set()
-    for k, stage in enumerate(stages):
-        if waiting[k]:
-            grads = stage.batched_gradients(waiting[k])
-            once.update(id(v) for v, g in zip(stage.variables, grads) if g is not None)
-            sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
-    return once
 
 
 class PipelineModel(keras.Model):
@@ -264,16 +215,11 @@ class PipelineModel(keras.Model):
             whose gradients were taken once, at the step's end).
         """
         m, p = len(xs), len(self.schedule)
-        stages = self.pipelines[c]
         split = any(a[0] == "I" for actions in self.schedule for a in actions)
         # Over several micro-batches, Dense layers' weight gradients are taken once,
         # at the step's end, over all of them; not under zero bubble (batched_weight_grads).
         batching = batched_weight_grads.in_schedule(self.schedule, m)
-        batched = {}  # (micro-batch, stage) -> its MicrobatchCalls, until its backward
-        waiting = [[] for _ in stages]  # each stage's backward-done DenseCalls
-        tapes, ins, outs, targets, calls = {}, {}, {}, {}, {}
-        upstream = {}
-        sums = [[None] * len(stage.variables) for stage in stages]
+        steps = [stage_step.StageStep(stage, m, split, batching) for stage in self.pipelines[c]]
         losses, preds = [None] * m, [None] * m
         last = [[] for _ in range(p)]  # each device's previous action, to keep the order
 
@@ -283,53 +229,12 @@ class PipelineModel(keras.Model):
                                            sample_weight=sws[i], training=True)
             return [self.optimizer.scale_loss(losses[i] / parts)]
 
-        for d, kind, i, k in schedules.order(self.schedule):
-            stage = stages[k]
-            with tf.device(stage.device), tf.control_dependencies(last[d]):
-                if kind == "F":
-                    h = xs[i] if k == 0 else outs[(i, k - 1)]
-                    if batching:
-                        batched[(i, k)] = batched_weight_grads.MicrobatchCalls(m)
-                    tape, out, made, target = _forward(stage, h, split, batched.get((i, k)),
-                                                       functools.partial(loss, i))
-                    if split:
-                        calls[(i, k)] = made
-                    if stage.last:
-                        targets[(i, k)] = target
-                    tapes[(i, k)], ins[(i, k)], outs[(i, k)] = tape, h, out
-                    last[d] = tree.flatten(out)
-                elif kind == "B":
-                    record = batched.pop((i, k), None)
-                    grads, upstream[(i, k - 1)] = stage.backward(
-                        tapes.pop((i, k)), ins.pop((i, k)),
-                        targets.pop((i, k), None) or outs[(i, k)],
-                        upstream.pop((i, k), None), batched=record)
-                    waiting[k] += record.calls if record else []
-                    # Summed now, and the device's next action waits for the sum, so a
-                    # stage holds one micro-batch's gradients beside its running sum,
-                    # never M sets at once.
-                    sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
-                    last[d] = [_dense(t) for t in sums[k] if t is not None]
-                elif kind == "I":
-                    tape, out = tapes.pop((i, k)), outs[(i, k)]
-                    if stage.last:  # the loss's gradient for the outputs: its own tape
-                        floating = [t for t in out if t.dtype.is_floating]
-                        made = iter(tape.gradient(targets.pop((i, k)), floating))
-                        given = [next(made) if t.dtype.is_floating else None for t in out]
-                    else:
-                        given = upstream.pop((i, k))
-                    ins.pop((i, k))
-                    upstream[(i, k - 1)], calls[(i, k)] = stage.input_gradients(
-                        calls.pop((i, k)), given)
-                    # The next action waits for this one's gradients (the output
-                    # gradients kept for W where no input takes one).
-                    last[d] = [_dense(t) for t in upstream[(i, k - 1)] if t is not None] or [
-                        _dense(g) for call in calls[(i, k)] for _, g in call.given]
-                else:  # "W": its weights' gradients, summed in micro-batch order
-                    grads = stage.weight_gradients(calls.pop((i, k)))
-                    sums[k] = [_add(t, g) for t, g in zip(sums[k], grads)]
-                    last[d] = [_dense(t) for t in sums[k] if t is not None]
-        return sums, losses, preds, _add_batched(stages, waiting, sums)
+        for action in schedules.order(self.schedule):
+            stage_step.run(steps, action, xs, loss, last)
+        once = set()
+        for step in steps:
+            once |= step.finish()
+        return [step.sums for step in steps], losses, preds, once
 
     def save(self, filepath, *args, **kwargs):
         """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""

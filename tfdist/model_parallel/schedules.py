@@ -40,10 +40,56 @@ weights' gradients are summed in micro-batch order whatever the schedule.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tfdist.errors import ConfigError
 
 NAMES = ("gpipe", "1f1b", "interleaved", "zb")
 KINDS = ("F", "B", "I", "W")
+# What an action makes that another waits for: a forward its chunk's outputs; a B or an
+# I the gradient of its chunk's inputs (W makes the weights' gradients: nothing waits).
+OUTPUTS, INPUT_GRADIENTS = "outputs", "input gradients"
+MAKES = {"F": OUTPUTS, "B": INPUT_GRADIENTS, "I": INPUT_GRADIENTS, "W": None}
+
+
+class Action(NamedTuple):
+    """One action, resolved: which device runs which kind (`KINDS`) on which
+    micro-batch and chunk. A schedule's lists write it short, `(kind, i)` on the
+    device's own chunk or `(kind, i, k)` (`of`)."""
+
+    device: int
+    kind: str
+    microbatch: int
+    chunk: int
+
+    @classmethod
+    def of(cls, action: tuple, device: int) -> "Action":
+        """Pure function: the short `action` of `device`, resolved.
+
+        Raises:
+            ConfigError: for a kind not in `KINDS`.
+        """
+        if action[0] not in KINDS:
+            raise ConfigError(f"Pipeline schedule: device {device} cannot run {action!r}: "
+                              f"its kind is not one of {KINDS}.")
+        return cls(device, action[0], action[1], action[2] if len(action) == 3 else device)
+
+    def waits_for(self, chunks: int) -> list[tuple[str, int, int]]:
+        """Pure function: what this action waits for, as (what, micro-batch, chunk):
+        a forward for the chunk before's outputs; B or I for its own forward's outputs
+        and the chunk after's input gradients; W for its own I."""
+        i, k = self.microbatch, self.chunk
+        if self.kind == "F":
+            return [(OUTPUTS, i, k - 1)] if k else []
+        if self.kind == "W":
+            return [(INPUT_GRADIENTS, i, k)]
+        return [(OUTPUTS, i, k)] + ([(INPUT_GRADIENTS, i, k + 1)] if k + 1 < chunks else [])
+
+    def made(self) -> tuple[str, int, int] | None:
+        """Pure function: (what, micro-batch, chunk) this action makes that another
+        waits for (None for W)."""
+        what = MAKES[self.kind]
+        return None if what is None else (what, self.microbatch, self.chunk)
 
 
 def gpipe(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
@@ -181,6 +227,12 @@ def parts(action: tuple, device: int) -> tuple[str, int, int]:
     return (action[0], action[1], action[2] if len(action) == 3 else device)
 
 
+def chunk_count(schedule: list[list[tuple]]) -> int:
+    """Pure function: the chunks a schedule runs (P when it has no action)."""
+    return 1 + max((parts(a, d)[2] for d, acts in enumerate(schedule) for a in acts),
+                   default=len(schedule) - 1)
+
+
 def check(schedule: list[list[tuple]], microbatches: int) -> int:
     """Pure check: each chunk's actions are complete, once each, on the right device.
 
@@ -221,20 +273,17 @@ def check(schedule: list[list[tuple]], microbatches: int) -> int:
     return count
 
 
-def order(schedule: list[list[tuple]]) -> list[tuple[int, str, int, int]]:
-    """Pure function: every (device, kind, micro-batch, chunk) in an order a run can follow.
+def order(schedule: list[list[tuple]]) -> list[Action]:
+    """Pure function: every action, resolved, in an order a run can follow.
 
-    Each device keeps its own order; across chunks (k - 1 feeds k), F(i) on
-    chunk k waits for F(i) on k - 1; B(i) or I(i) on k for F(i) on k and for
-    the input gradient (B or I) of i on k + 1; W(i) for I(i) on its chunk.
-    Devices take turns, each running what it can, as devices working at once would.
+    Each device keeps its own order; across chunks (k - 1 feeds k), an action
+    runs once what it waits for (`Action.waits_for`) is made. Devices take
+    turns, each running what it can, as devices working at once would.
 
     Raises:
-        ConfigError: for a schedule that deadlocks.
+        ConfigError: for a schedule that deadlocks, or an action of an unknown kind.
     """
-    p = len(schedule)
-    count = 1 + max((parts(a, d)[2] for d, acts in enumerate(schedule) for a in acts),
-                    default=p - 1)
+    p, count = len(schedule), chunk_count(schedule)
     done: set = set()
     position = [0] * p
     out = []
@@ -243,17 +292,11 @@ def order(schedule: list[list[tuple]]) -> list[tuple[int, str, int, int]]:
         progressed = False
         for d in range(p):
             while position[d] < len(schedule[d]):
-                kind, i, k = parts(schedule[d][position[d]], d)
-                if kind == "F":
-                    ready = k == 0 or ("F", i, k - 1) in done
-                elif kind == "W":
-                    ready = ("G", i, k) in done
-                else:
-                    ready = ("F", i, k) in done and (k == count - 1 or ("G", i, k + 1) in done)
-                if not ready:
+                action = Action.of(schedule[d][position[d]], d)
+                if not all(w in done for w in action.waits_for(count)):
                     break
-                done.add(("F" if kind == "F" else "G", i, k))
-                out.append((d, kind, i, k))
+                done.add(action.made())
+                out.append(action)
                 position[d] += 1
                 progressed = True
         if not progressed:

@@ -18,7 +18,7 @@ from tfdist.model_parallel import graph as graph_lib
 from tfdist.model_parallel import deferred, placement, tensor_parallel
 
 
-def placed_clone(model, device_of: dict):
+def placed_clone(model, device_of: dict, graph=None):
     """A copy of `model` whose every layer is a fresh copy built on its device, with its weights.
 
     Copies come from each layer's config, are placed with `place_layer`
@@ -32,13 +32,15 @@ def placed_clone(model, device_of: dict):
     Args:
         model: A built functional or Sequential Keras model.
         device_of: layer name -> device, or a tuple of devices (tensor parallel).
+        graph: `graph.from_keras(model)`, when the caller has it (a split builds it
+            once and hands it down).
     """
     import keras
 
     groups = {name: (d,) if isinstance(d, str) else tuple(d) for name, d in device_of.items()}
     placement.check_devices(sorted({d for group in groups.values() for d in group}))
     placement.check_regularizers(model)
-    roles = (feed_forward_pairs(model)
+    roles = (feed_forward_pairs(model, graph)
              if any(len(g) > 1 for g in groups.values()) else {})
     without_values = deferred.has_deferred(model)
     clones = {g: tensor_parallel_clone_function(g, roles, with_weights=not without_values)
@@ -59,12 +61,14 @@ def placed_clone(model, device_of: dict):
     return clone
 
 
-def feed_forward_pairs(model) -> dict[str, str]:
-    """layer name -> "column" / "row" for the feed-forward Dense pairs of a functional model."""
+def feed_forward_pairs(model, graph=None) -> dict[str, str]:
+    """layer name -> "column" / "row" for the feed-forward Dense pairs of a functional
+    model (`graph`: its `graph.from_keras`, built here when None)."""
     import keras
 
     dense = {layer.name for layer in model.layers if type(layer) is keras.layers.Dense}
-    return graph_lib.dense_pairs(graph_lib.from_keras(model), dense)
+    return graph_lib.dense_pairs(graph if graph is not None else graph_lib.from_keras(model),
+                                 dense)
 
 
 def parallel_copy(layer, devices, role: str | None = None, with_weights: bool = True):

@@ -80,7 +80,7 @@ class ModelParallelHooks(Hooks):
 
     def callbacks(self, learning_rate, warmup_epochs=0.0, global_batch_size=0):
         """The memory each process will hold, printed before the first step."""
-        from tfdist.model_parallel import memory_plan
+        from tfdist.model_parallel.planning import memory_plan
 
         copies = getattr(self, "copies", 1)
         rows = global_batch_size // (copies * self.options.microbatches)

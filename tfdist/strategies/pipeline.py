@@ -26,7 +26,7 @@ def transform_model(model, options, devices=None, copies=1, global_batch_size=0)
     """Splits `model` into stages trained with `options.microbatches` micro-batches.
 
     Under `--schedule auto` or `--balance time` the planner measures the
-    model's layers first (`model_parallel.auto`), prints its predictions, and
+    model's layers first (`model_parallel.planning.auto`), prints its predictions, and
     picks the schedule or moves the cuts.
 
     Args:
@@ -41,7 +41,7 @@ def transform_model(model, options, devices=None, copies=1, global_batch_size=0)
     """
     import dataclasses
 
-    from tfdist.model_parallel import auto, simulate
+    from tfdist.model_parallel.planning import auto, simulate
 
     node_costs = None
     if auto.needed(options):

@@ -37,7 +37,9 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0, action: float = 0.0
 
     Returns:
         {"step": the last end, "busy": [per device, the sum of its actions],
-        "bubble": 1 - mean(busy) / step, "ends": {(kind, i, chunk): end},
+        "bubble": 1 - mean(busy) / step, "ends": {(what, i, chunk): end}, what
+        being `schedules.OUTPUTS`, `schedules.INPUT_GRADIENTS` or "W" (the weights'
+        gradients made or, after an I, on their way),
         "last": [per device, its last action's end]}.
     """
     p = len(schedule)
@@ -45,21 +47,15 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0, action: float = 0.0
     busy = [0.0] * p
     end: dict = {}
     summed: set = set()  # the chunks whose running sum has been started
-    count = 1 + max((schedules.parts(a, d)[2] for d, acts in enumerate(schedule)
-                     for a in acts), default=p - 1)
+    count = schedules.chunk_count(schedule)
 
-    def after(key, from_device, device):
+    def after(key, device):  # plus a hop for what another device made
         t = end.get(key, 0.0)
-        return t + (hop if key in end and from_device != device else 0.0)
+        return t + (hop if key in end and key[2] % p != device else 0.0)
 
-    for d, kind, i, k in schedules.order(schedule):
-        if kind == "F":
-            ready = after(("F", i, k - 1), (k - 1) % p, d) if k else 0.0
-        elif kind == "W":
-            ready = end[("G", i, k)]
-        else:
-            ready = max(end[("F", i, k)], after(("G", i, k + 1), (k + 1) % p, d)
-                        if k + 1 < count else 0.0)
+    for act in schedules.order(schedule):
+        d, kind, k = act.device, act.kind, act.chunk
+        ready = max((after(w, d) for w in act.waits_for(count)), default=0.0)
         start = max(free[d], ready)
         took = cost(kind, k) + action  # the device is busy for both
         if accumulate is not None and kind in ("B", "W"):
@@ -68,10 +64,10 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0, action: float = 0.0
             summed.add(k)
         free[d] = start + took
         busy[d] += took
-        if kind != "W":
-            end[("F" if kind == "F" else "G", i, k)] = free[d]
+        if act.made() is not None:
+            end[act.made()] = free[d]
         if kind != "F":  # the weights' gradient is made (B, W) or on its way (I)
-            end[("W", i, k)] = free[d]
+            end[("W", act.microbatch, k)] = free[d]
     step = max(free) if free else 0.0
     return {"step": step, "busy": busy, "ends": end, "last": list(free),
             "bubble": 1.0 - (sum(busy) / p) / step if step else 0.0}

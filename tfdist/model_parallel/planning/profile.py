@@ -25,7 +25,7 @@ import random
 import statistics
 import time
 
-from tfdist.model_parallel.planner import LayerCost
+from tfdist.model_parallel.planning.planner import LayerCost
 
 
 def _timed(fn, repeats):

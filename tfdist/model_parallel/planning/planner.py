@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import batched_weight_grads, schedules, simulate
+from tfdist.model_parallel import batched_weight_grads, schedules
+from tfdist.model_parallel.planning import simulate
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import planner
+from tfdist.model_parallel.planning import planner
 
 HOP_S = 1e-3  # a hand-off between stage processes (docs/model_parallel.md: about 1 ms)
 SLOTS = 2  # optimizer slots counted a weight: Adam's (the optimizer is made after the cut)
@@ -91,7 +91,7 @@ def plan(model, options, stages: int, rows: int, copies: int = 1,
         ConfigError: when no schedule fits memory under `--schedule auto`.
     """
     from tfdist.model_parallel import graph as graph_lib
-    from tfdist.model_parallel import profile
+    from tfdist.model_parallel.planning import profile
 
     m = options.microbatches
     layers = profile.layer_costs(model, profile.sample_inputs(model, rows), repeats)
