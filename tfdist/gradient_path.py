@@ -44,7 +44,10 @@ What is set on an optimizer besides (declared here, with why):
 - `_tfdist_step`: what the step being traced needs later in the same trace (the owners,
   the last collective), kept in `__dict__` (`trace_state`) so that Keras does not track
   the model's variables in it as the optimizer's own;
-- `_tfdist_owner`: {variable key: owning worker}, set by `OwnedOnly.build`.
+- `_tfdist_owner`: {variable key: owning worker}, set by `OwnedOnly.build`;
+- `_tfdist_partial`: True once `OwnedOnly` has summed gradients onto their owners in
+  place of the all-reduce (multi_worker): its clip step then adds the workers' norms,
+  and a worker can report that the scatter ran (not merely that it was configured).
 """
 
 from __future__ import annotations

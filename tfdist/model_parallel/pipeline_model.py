@@ -237,8 +237,13 @@ class PipelineModel(keras.Model):
         return [step.sums for step in steps], losses, preds, once
 
     def save(self, filepath, *args, **kwargs):
-        """Saves the plain model, unsplit and shards gathered (it loads without tfdist)."""
-        return surgery.gather_model(self.inner).save(filepath, *args, **kwargs)
+        """Saves the plain model, unsplit and shards gathered (it loads without tfdist),
+        its weights file written through a temporary file: this process holds one stage,
+        not room for every stage's weights (`compat.keras_save_in_memory`)."""
+        from tfdist.compat import keras_save_in_memory
+
+        with keras_save_in_memory.on_disk():
+            return surgery.gather_model(self.inner).save(filepath, *args, **kwargs)
 
     def unsplit(self):
         """The Keras model sharing these layers and variables (tensor-parallel

@@ -74,7 +74,7 @@ class OwnedOnly(gradient_path.Step):
         # Called in replica context in place of the all-reduce.
         if self.scatter is None:
             return then(grads, variables)
-        gradient_path.set_trace_state(opt, partial=True)
+        opt._tfdist_partial = True  # declared in gradient_path: a fact of the run, read later
         return self.scatter(list(grads), self.owners_of(opt, variables), self.rank)
 
     def receive(self, opt, grads, trainable_variables, then):
@@ -83,7 +83,7 @@ class OwnedOnly(gradient_path.Step):
         return then(grads, trainable_variables)
 
     def clip(self, opt, grads, then):
-        if not (self.scatter is not None and gradient_path.trace_state(opt).get("partial")
+        if not (self.scatter is not None and getattr(opt, "_tfdist_partial", False)
                 and not (opt.clipnorm or 0) > 0 and (opt.global_clipnorm or 0) > 0):
             return then(grads)
         # Keras's clip_by_global_norm, its norm summed over the owners' parts (an unowned
