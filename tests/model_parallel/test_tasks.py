@@ -11,7 +11,7 @@ from tfdist import config, strategies
 from tfdist.run import trainer
 from tfdist.cluster import detect
 from tfdist.errors import ConfigError
-from tfdist.model_parallel import tasks
+from tfdist.model_parallel import stage_tasks as tasks
 
 
 def _check(cfg, cluster, choice=None):

@@ -8,7 +8,7 @@ fraction of each step is about (p - 1) / (M + p - 1) for p balanced stages;
 
 In one process the stages are logical devices (`--devices`). Started as
 several tasks (`tfdist.launch -n P`, TF_CONFIG, Slurm), each task holds one
-stage, its weights and optimizer state (`tfdist.model_parallel.tasks`): the
+stage, its weights and optimizer state (`tfdist.model_parallel.stage_tasks`): the
 chief drives the run and holds stage 0, the other tasks serve theirs.
 """
 
@@ -129,11 +129,11 @@ class StageHooks(model_parallel.ModelParallelHooks):
     placed_backups = True  # each stage task writes and reads its own variables
 
     def __init__(self, options, cluster):
-        from tfdist.model_parallel import tasks
+        from tfdist.model_parallel import stage_tasks
 
         self.cluster = cluster
-        devices = tasks.stage_devices(cluster.num_tasks, options.stages, options.tensor_parallel)
-        _, copies = tasks.layout(cluster.num_tasks, options.stages)
+        devices = stage_tasks.stage_devices(cluster.num_tasks, options.stages, options.tensor_parallel)
+        _, copies = stage_tasks.layout(cluster.num_tasks, options.stages)
         super().__init__(options, self._split)
         self.devices = devices
         self.copies = copies
@@ -142,13 +142,14 @@ class StageHooks(model_parallel.ModelParallelHooks):
         """`transform_model` over the tasks; a model too small for the stages is refused
         with advice in processes and --stages (--devices does not apply here)."""
         from tfdist.errors import ConfigError
-        from tfdist.model_parallel import graph, tasks
+        from tfdist.model_parallel import graph
+        from tfdist.model_parallel import stage_tasks
 
         try:
             return transform_model(model, options, self.devices, self.copies,
                                    global_batch_size)
         except graph.SplitError as e:
-            raise ConfigError(tasks.too_many_stages(self.cluster.num_tasks, e.stages,
+            raise ConfigError(stage_tasks.too_many_stages(self.cluster.num_tasks, e.stages,
                                                      e.most)) from None
 
     def num_replicas(self, strategy) -> int:
@@ -165,10 +166,10 @@ class StageHooks(model_parallel.ModelParallelHooks):
         0's only)."""
         import keras
 
-        from tfdist.model_parallel import tasks
+        from tfdist.model_parallel import stage_tasks
 
         out = [*super().callbacks(learning_rate, warmup_epochs, global_batch_size),
-               tasks.watchdog(self.cluster, self.options.collective_timeout_s,
+               stage_tasks.watchdog(self.cluster, self.options.collective_timeout_s,
                               stages=self.options.stages)]
         if self.copies > 1:
             class SyncCopies(keras.callbacks.Callback):
@@ -187,9 +188,9 @@ class StageHooks(model_parallel.ModelParallelHooks):
     def lost_peer(self, strategy, error):
         """The first stage task that no longer accepts connections (a TensorFlow error
         names no task): its port closes when its process dies."""
-        from tfdist.model_parallel import tasks
+        from tfdist.model_parallel import stage_tasks
 
-        return tasks.lost_stage(self.cluster, stages=self.options.stages)
+        return stage_tasks.lost_stage(self.cluster, stages=self.options.stages)
 
 
 @register
@@ -206,22 +207,22 @@ class Pipeline(model_parallel.ModelParallel):
     @classmethod
     def check_cluster(cls, cluster):
         if cluster.num_tasks > 1:
-            from tfdist.model_parallel import tasks
+            from tfdist.model_parallel import stage_tasks
 
-            tasks.check_cluster(cluster)
+            stage_tasks.check_cluster(cluster)
 
     @classmethod
     def check_config(cls, settings, cluster):
         options = settings.adapter
         if cluster.num_tasks > 1:
-            from tfdist.model_parallel import tasks
+            from tfdist.model_parallel import stage_tasks
 
-            tasks.check_options(cluster, options.stages, options.devices,
+            stage_tasks.check_options(cluster, options.stages, options.devices,
                                  options.tensor_parallel, options.placement)
-            _, copies = tasks.layout(cluster.num_tasks, options.stages)
-            tasks.check_batch(settings.training.global_batch_size, copies,
+            _, copies = stage_tasks.layout(cluster.num_tasks, options.stages)
+            stage_tasks.check_batch(settings.training.global_batch_size, copies,
                                options.microbatches)
-            check_schedule(options, tasks.layout(cluster.num_tasks, options.stages)[0])
+            check_schedule(options, stage_tasks.layout(cluster.num_tasks, options.stages)[0])
             # Not ModelParallel's: its --devices/--tensor-parallel rule is one process's.
             super(model_parallel.ModelParallel, cls).check_config(settings, cluster)
             return
@@ -241,13 +242,13 @@ class Pipeline(model_parallel.ModelParallel):
         In float32 a run at another --microbatches is the same math (to float32
         rounding) and resumes there."""
         from tfdist.errors import ConfigError
-        from tfdist.model_parallel import tasks
+        from tfdist.model_parallel import stage_tasks
 
         options = settings.adapter
         out = f"-{options.devices}dev" if options.devices else ""
         if workers > 1:  # --devices is 0 or P there: the stages say it
             try:
-                p, copies = tasks.layout(workers, options.stages)
+                p, copies = stage_tasks.layout(workers, options.stages)
             except ConfigError:  # refused by `check_config`, naming both numbers
                 p, copies = workers, 1
             out = f"-{p}st" + (f"-{copies}cp" if copies > 1 else "")
@@ -269,9 +270,9 @@ class Pipeline(model_parallel.ModelParallel):
             return build(self.cluster, self.options)
         import tensorflow as tf
 
-        from tfdist.model_parallel import tasks
+        from tfdist.model_parallel import stage_tasks
 
-        tasks.connect(self.cluster, self.options.startup_timeout_s, self.options.tensor_parallel)
+        stage_tasks.connect(self.cluster, self.options.startup_timeout_s, self.options.tensor_parallel)
         return tf.distribute.get_strategy()
 
     def hooks(self):
@@ -280,16 +281,16 @@ class Pipeline(model_parallel.ModelParallel):
         return StageHooks(self.options, self.cluster)
 
     def finished(self):
-        """The chief tells the stage tasks the run finished (`tasks.tell_finished`)."""
+        """The chief tells the stage tasks the run finished (`stage_tasks.tell_finished`)."""
         if self.across_processes:
-            from tfdist.model_parallel import tasks
+            from tfdist.model_parallel import stage_tasks
 
-            tasks.tell_finished(self.cluster)
+            stage_tasks.tell_finished(self.cluster)
 
     def serve(self, threads: int = 0):
         """A stage task other than the chief: serves its stage until the chief ends
         (never returns)."""
-        from tfdist.model_parallel import tasks
+        from tfdist.model_parallel import stage_tasks
 
-        tasks.serve(self.cluster, threads, self.options.startup_timeout_s,
+        stage_tasks.serve(self.cluster, threads, self.options.startup_timeout_s,
                     self.options.stages, self.options.tensor_parallel)
