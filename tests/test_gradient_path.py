@@ -30,29 +30,20 @@ def test_only_the_gradient_path_overrides_an_optimizers_hooks():
     assert found == []
 
 
-@dataclasses.dataclass(frozen=True)
-class _Times:
-    """A step whose reduce multiplies the gradients, and which counts its updates."""
-
-    factor: float
-
-    def reduce(self, opt, grads, then):
-        return then([g * self.factor for g in grads])
-
-
 def _steps():
     from tfdist import gradient_path
 
-    class Times(gradient_path.Step, _Times):
-        pass
+    @dataclasses.dataclass(frozen=True)
+    class Times(gradient_path.Step):
+        """A step whose reduce multiplies the gradients."""
 
+        factor: float
+
+        def reduce(self, opt, grads, then):
+            return then([g * self.factor for g in grads])
+
+    @dataclasses.dataclass(frozen=True)
     class Skip(gradient_path.Step):
-        def __hash__(self):
-            return 1
-
-        def __eq__(self, other):
-            return type(self) is type(other)
-
         def reduce(self, opt, grads, then):
             return grads  # does not call the rest of the path
 

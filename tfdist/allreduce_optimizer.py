@@ -25,7 +25,7 @@ from typing import Callable
 from tfdist import compression as compression_lib
 from tfdist import gradient_path
 from tfdist.compat import horovod_keras
-from tfdist.zero.optimizer import is_per_worker, is_shard_slot
+from tfdist.zero.optimizer import is_per_worker, save_shared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,10 +191,8 @@ class Agree(gradient_path.Step):
         return self.all_true(then(grads))
 
     def save(self, opt, store, then):
-        # A sharded inner optimizer's slots are its worker's share: a saved model keeps
-        # the shared variables only (as `tfdist.zero.optimizer` does without loss scaling).
-        for i, variable in enumerate(v for v in opt.variables if not is_shard_slot(v)):
-            store[str(i)] = variable.numpy()
+        # A sharded inner optimizer's slots are its worker's share (as without loss scaling).
+        save_shared(opt, store)
 
 
 def loss_scale_if_float16(optimizer, all_true: Callable):

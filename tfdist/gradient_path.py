@@ -140,13 +140,16 @@ def _class(keras: type, path: tuple) -> type:
             raise TypeError(f"{type(step).__name__} sets undeclared marks {sorted(unknown)}: "
                             "declare them in gradient_path.MARKS.")
         attrs.update(step.marks)
+    # Per step name, the steps that change it, in path order: read by every hook call.
+    attrs["_tfdist_chains"] = {name: tuple(s for s in path if hasattr(s, name))
+                               for name in (*_KERAS_HOOKS, *_ENDS)}
     return type(keras.__name__, (mixin, keras), attrs)
 
 
 def _run(opt, name: str, *args):
     """Runs step `name` along `opt`'s path, ending in Keras's own."""
     cls = type(opt)
-    chain = [s for s in cls._tfdist_path if hasattr(s, name)]
+    chain = cls._tfdist_chains[name]
     end = _ENDS.get(name) or getattr(cls._tfdist_keras, _KERAS_HOOKS[name])
 
     def call(i, *a):

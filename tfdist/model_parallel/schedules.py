@@ -295,7 +295,8 @@ def order(schedule: list[list[tuple]]) -> list[Action]:
                 action = Action.of(schedule[d][position[d]], d)
                 if not all(w in done for w in action.waits_for(count)):
                     break
-                done.add(action.made())
+                if action.made() is not None:  # W: nothing waits for it
+                    done.add(action.made())
                 out.append(action)
                 position[d] += 1
                 progressed = True

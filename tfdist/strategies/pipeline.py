@@ -132,7 +132,8 @@ class StageHooks(model_parallel.ModelParallelHooks):
         from tfdist.model_parallel import stage_tasks
 
         self.cluster = cluster
-        devices = stage_tasks.stage_devices(cluster.num_tasks, options.stages, options.tensor_parallel)
+        devices = stage_tasks.stage_devices(cluster.num_tasks, options.stages,
+                                            options.tensor_parallel)
         _, copies = stage_tasks.layout(cluster.num_tasks, options.stages)
         super().__init__(options, self._split)
         self.devices = devices
@@ -272,7 +273,8 @@ class Pipeline(model_parallel.ModelParallel):
 
         from tfdist.model_parallel import stage_tasks
 
-        stage_tasks.connect(self.cluster, self.options.startup_timeout_s, self.options.tensor_parallel)
+        stage_tasks.connect(self.cluster, self.options.startup_timeout_s,
+                            self.options.tensor_parallel)
         return tf.distribute.get_strategy()
 
     def hooks(self):

@@ -60,7 +60,7 @@ class ScatterFirst(gradient_path.Step):
     def receive(self, opt, grads, trainable_variables, then):
         rank = self.owned.rank
         variables = list(trainable_variables)
-        owner_of = [opt._tfdist_owner[opt._var_key(v)] for v in variables]
+        owner_of = self.owned.owners_of(opt, variables)
         summed, last = scatter_lib.owned_sums(self.engine, list(grads), owner_of, rank,
                                               self.owned.size)
         mine = [i for i, o in enumerate(owner_of) if o == rank]
@@ -120,7 +120,7 @@ class ScatterAccumulated(gradient_path.Step):
         variables = list(trainable_variables)
         gradient_path.set_trace_state(
             opt, variables=variables, last=None,
-            owners=[opt._tfdist_owner[opt._var_key(v)] for v in variables])
+            owners=self.owned.owners_of(opt, variables))
         return then(grads, variables)
 
     def reduce(self, opt, grads, then):

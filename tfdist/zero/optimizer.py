@@ -121,7 +121,7 @@ class OwnedOnly(gradient_path.Step):
 
     def update(self, opt, grads, trainable_variables, learning_rate, then):
         rank, gather = self.rank, self.gather
-        owner_of = [opt._tfdist_owner[opt._var_key(v)] for v in trainable_variables]
+        owner_of = self.owners_of(opt, trainable_variables)
         mine = [i for i, o in enumerate(owner_of) if o == rank]
         if mine:
             then([grads[i] for i in mine], [trainable_variables[i] for i in mine],
@@ -137,10 +137,15 @@ class OwnedOnly(gradient_path.Step):
             gather(list(trainable_variables), owner_of, rank)
 
     def save(self, opt, store, then):
-        # A saved model is whole: it keeps the shared variables, not this worker's share
-        # of the slots (Keras then skips the optimizer's variables on load, with a warning).
-        for i, variable in enumerate(v for v in opt.variables if not is_shard_slot(v)):
-            store[str(i)] = variable.numpy()
+        save_shared(opt, store)
+
+
+def save_shared(optimizer, store) -> None:
+    """Keras's `save_own_variables` without this worker's share of the slots: a saved
+    model is whole, so it keeps the shared variables only (Keras then skips the
+    optimizer's variables on load, with a warning)."""
+    for i, variable in enumerate(v for v in optimizer.variables if not is_shard_slot(v)):
+        store[str(i)] = variable.numpy()
 
 
 def _outside_strategy():

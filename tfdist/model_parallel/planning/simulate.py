@@ -64,8 +64,9 @@ def run(schedule: list[list[tuple]], cost, hop: float = 0.0, action: float = 0.0
             summed.add(k)
         free[d] = start + took
         busy[d] += took
-        if act.made() is not None:
-            end[act.made()] = free[d]
+        made = act.made()
+        if made is not None:
+            end[made] = free[d]
         if kind != "F":  # the weights' gradient is made (B, W) or on its way (I)
             end[("W", act.microbatch, k)] = free[d]
     step = max(free) if free else 0.0
